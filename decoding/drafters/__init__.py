@@ -1,0 +1,33 @@
+"""Draft sources behind one interface; ``make_drafter`` builds one by name."""
+
+from __future__ import annotations
+
+from decoding.drafters.auto import AutoDrafter
+from decoding.drafters.base import Draft, Drafter
+from decoding.drafters.length import CostModel
+from decoding.drafters.model import ModelDrafter
+from decoding.drafters.ngram import NgramDrafter
+from decoding.models import LoadedModel
+
+DRAFTER_NAMES = ("none", "ngram", "model", "auto")
+
+
+def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: CostModel | None = None,
+                 max_draft: int = 8) -> Drafter | None:
+    """``none`` gives None (plain decoding); ``model`` needs ``draft_model``."""
+    if name == "none":
+        return None
+    if name == "ngram":
+        return NgramDrafter(max_draft=max_draft, cost=cost)
+    if name == "model":
+        if draft_model is None:
+            raise ValueError("the 'model' drafter needs a draft model (--draft-model)")
+        return ModelDrafter(draft_model, max_draft=max_draft, cost=cost)
+    if name == "auto":
+        model = ModelDrafter(draft_model, max_draft=max_draft, cost=cost) if draft_model else None
+        return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost)
+    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+
+
+__all__ = ["DRAFTER_NAMES", "AutoDrafter", "CostModel", "Draft", "Drafter", "ModelDrafter",
+           "NgramDrafter", "make_drafter"]

@@ -1,0 +1,77 @@
+"""Choose per step between the n-gram source, the draft model, and not speculating at all.
+
+An n-gram match is free to find; the draft model costs a forward pass per token. Each candidate
+is scored by its expected speed-up (see ``length.py``) from its own acceptance history and the
+measured verification cost; the best one is used only if that speed-up exceeds 1, because a
+rejected draft costs more than the plain step it replaces. Buckets that are switched off are
+probed now and then, so a source whose quality improves is noticed again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from decoding.drafters.base import Draft
+from decoding.drafters.length import CostModel, best_draft_length
+from decoding.drafters.model import ModelDrafter
+from decoding.drafters.ngram import NgramDrafter
+from decoding.verify import SamplingParams
+
+
+class AutoDrafter:
+    name = "auto"
+    MIN_GAIN = 1.05  # demand a margin: the estimate is noisy and a wasted pass is not free
+    PROBE_EVERY = 32  # skipped opportunities between exploratory drafts of a gated-off source
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None = None,
+                 cost: CostModel | None = None) -> None:
+        self.cost = cost or ngram.cost
+        self.ngram, self.model = ngram, model
+        self.ngram.cost = self.cost
+        if model is not None:
+            model.cost = self.cost
+        self._skipped: dict[str, int] = {}
+
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator | None) -> None:
+        self.ngram.begin(prompt, sampling, generator)
+        if self.model is not None:
+            self.model.begin(prompt, sampling, generator)
+
+    def _probe(self, key: str) -> bool:
+        self._skipped[key] = self._skipped.get(key, 0) + 1
+        if self._skipped[key] >= self.PROBE_EVERY:
+            self._skipped[key] = 0
+            return True
+        return False
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        limit = min(max_len, self.ngram.max_draft)
+        candidates: list[tuple[float, str, int]] = []
+        match = self.ngram.lookup(tokens, limit)
+        if match is not None:
+            k, gain = best_draft_length(self.ngram.stats.alpha(match.length), len(match.tokens), self.cost)
+            key = f"ngram{self.ngram.stats.bucket(match.length)}"
+            if gain >= self.MIN_GAIN or self._probe(key):
+                candidates.append((gain, "ngram", k))
+        if self.model is not None and max_len > 0:
+            k, gain = best_draft_length(self.model.stats.alpha(), min(max_len, self.model.max_draft),
+                                        self.cost, draft_cost=self.model.relative_cost)
+            if gain >= self.MIN_GAIN or self._probe("model"):
+                candidates.append((gain, "model", k))
+        if not candidates:
+            return Draft(source=self.name)
+        _, source, k = max(candidates)
+        if source == "ngram":
+            assert match is not None
+            return Draft(tokens=match.tokens[:k], source="ngram", match_length=match.length)
+        assert self.model is not None
+        return self.model.propose_exactly(tokens, k)
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        if draft.source == "ngram":
+            self.ngram.observe(draft, accepted)
+        elif draft.source == "model" and self.model is not None:
+            self.model.observe(draft, accepted)

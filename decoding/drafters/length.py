@@ -1,0 +1,110 @@
+"""How long a draft should be, from acceptance feedback and the measured cost of verification.
+
+With a per-token acceptance rate a, a draft of k tokens yields E(k) = (1 - a^(k+1)) / (1 - a)
+tokens per target pass (the accepted run plus the target's own token). That pass costs c(k+1)
+single-token steps, plus k draft steps at relative cost d for a draft model. Speculating pays
+only where E(k) / (c(k+1) + k*d) > 1. On the 2-core CPU c is far from flat (2 tokens cost 1.8
+steps, 4-8 tokens ~1.5), so the costs are measured while serving rather than assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Relative cost of one target pass over n tokens, measured with SmolLM2-135M fp32 on the 2-core
+# CPU (see shared/DESIGN.md); replaced by live measurements as passes are timed.
+CPU_PRIOR = {1: 1.0, 2: 1.8, 3: 2.15, 4: 1.5, 5: 1.45, 6: 1.4, 7: 1.4, 8: 1.4, 9: 1.45,
+             10: 1.5, 12: 1.55, 16: 1.65, 24: 2.2, 32: 2.8}
+ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
+
+
+def _interpolate(table: dict[int, float], n: int) -> float:
+    if n in table:
+        return table[n]
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]] * n / keys[-1]
+    lo = max(k for k in keys if k < n)
+    hi = min(k for k in keys if k > n)
+    return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+
+
+@dataclass
+class CostModel:
+    """Milliseconds per target pass by number of tokens fed, as an exponential moving average."""
+
+    prior: dict[int, float] = field(default_factory=lambda: dict(CPU_PRIOR))
+    smoothing: float = 0.2
+    measured_ms: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def for_device(cls, device_type: str) -> CostModel:
+        return cls(prior=dict(CPU_PRIOR if device_type == "cpu" else ACCELERATOR_PRIOR))
+
+    def record(self, n_tokens: int, ms: float) -> None:
+        old = self.measured_ms.get(n_tokens)
+        self.measured_ms[n_tokens] = ms if old is None else old + self.smoothing * (ms - old)
+
+    @property
+    def step_ms(self) -> float | None:
+        return self.measured_ms.get(1)
+
+    def relative(self, n_tokens: int) -> float:
+        """Cost of a pass over ``n_tokens`` in single-token steps (1.0 for one token)."""
+        one = self.measured_ms.get(1)
+        here = self.measured_ms.get(n_tokens)
+        if one and here:
+            return here / one
+        return _interpolate(self.prior, n_tokens)
+
+
+@dataclass
+class AcceptanceStats:
+    """Per-token acceptance rate by bucket (n-gram match length), decayed so it tracks change.
+
+    A draft of k tokens of which a were kept shows a acceptances and, if a < k, one rejection;
+    accepted / (accepted + rejections) is the maximum-likelihood per-token rate.
+    """
+
+    priors: dict[int, float] = field(default_factory=lambda: {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6})
+    prior_weight: float = 4.0
+    decay: float = 0.97
+    accepted: dict[int, float] = field(default_factory=dict)
+    rejected: dict[int, float] = field(default_factory=dict)
+
+    def bucket(self, key: int) -> int:
+        return max(0, min(key, max(self.priors)))
+
+    def alpha(self, key: int = 0) -> float:
+        b = self.bucket(key)
+        prior = self.priors.get(b, 0.5)
+        acc = self.accepted.get(b, 0.0) + prior * self.prior_weight
+        rej = self.rejected.get(b, 0.0) + (1.0 - prior) * self.prior_weight
+        return acc / (acc + rej)
+
+    def update(self, key: int, accepted: int, proposed: int) -> None:
+        if proposed <= 0:
+            return
+        b = self.bucket(key)
+        self.accepted[b] = self.accepted.get(b, 0.0) * self.decay + accepted
+        self.rejected[b] = self.rejected.get(b, 0.0) * self.decay + (1.0 if accepted < proposed else 0.0)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens produced per target pass with k drafted tokens of acceptance rate ``alpha``."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def best_draft_length(alpha: float, max_len: int, cost: CostModel,
+                      draft_cost: float = 0.0) -> tuple[int, float]:
+    """The draft length in 1..max_len with the best speed-up over plain decoding, and that speed-up."""
+    if max_len <= 0:
+        return 0, 1.0
+    gains = {k: expected_tokens(alpha, k) / (cost.relative(k + 1) + k * draft_cost)
+             for k in range(1, max_len + 1)}
+    best = max(gains, key=lambda k: (gains[k], -k))
+    return best, gains[best]

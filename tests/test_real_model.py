@@ -1,0 +1,124 @@
+"""The embedded SmolLM2 model: speculative greedy output equals plain greedy on real code (fp32)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from decoding.drafters import make_drafter
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.models import ModelLoadError, check_draft_compatible, load_model
+
+pytestmark = pytest.mark.real_model
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+FILES = ["json/encoder.py", "textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py",
+         "csv.py", "string.py", "dataclasses.py", "functools.py"]
+
+
+def stdlib_prompts(count: int, prompt_chars: int = 900, seed: int = 0) -> list[str]:
+    """Text before a cursor placed after the indentation of a non-blank line of real code."""
+    rng = random.Random(seed)
+    prompts = []
+    while len(prompts) < count:
+        text = (STDLIB / FILES[len(prompts) % len(FILES)]).read_text()
+        lines = text.splitlines(keepends=True)
+        index = rng.randrange(20, len(lines) - 1)
+        if len(lines[index].strip()) < 12:
+            continue
+        offset = sum(len(line) for line in lines[:index])
+        indent = len(lines[index]) - len(lines[index].lstrip())
+        prompts.append(text[max(0, offset + indent - prompt_chars): offset + indent])
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def bf16_draft(default_model):
+    draft = load_model("default", device="cpu", dtype="bfloat16")
+    check_draft_compatible(default_model, draft)
+    return draft
+
+
+def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(default_model, bf16_draft):
+    engine = SpeculativeEngine(default_model)
+    drafters = {name: make_drafter(name, draft_model=bf16_draft, cost=engine.cost)
+                for name in ("ngram", "model", "auto")}
+    config = GenerationConfig(max_new_tokens=20, stop_at_newline=True)
+    drafted = dict.fromkeys(drafters, 0)
+    for prompt in stdlib_prompts(20):
+        ids = engine.encode(prompt)
+        plain = engine.generate(ids, config)
+        assert plain.stats.tokens_per_pass == 1.0
+        for name, drafter in drafters.items():
+            result = engine.generate(ids, config, drafter)
+            assert result.token_ids == plain.token_ids, f"{name} differs on {prompt[-60:]!r}"
+            assert result.text == plain.text
+            drafted[name] += sum(s.proposed for s in result.stats.drafters.values())
+    assert drafted["ngram"] > 0 and drafted["model"] > 0
+
+
+def test_ngram_gets_several_tokens_per_pass_where_the_code_repeats(default_model):
+    engine = SpeculativeEngine(default_model)
+    source = (STDLIB / "shlex.py").read_text()
+    chunk = source[source.index("    def read_token(self):"):][:1200]
+    prompt = chunk + "\n\n# the same code again\n" + chunk[:600]
+    ids = engine.encode(prompt)
+    config = GenerationConfig(max_new_tokens=40)
+    plain = engine.generate(ids, config)
+    for name in ("ngram", "auto"):
+        result = engine.generate(ids, config, make_drafter(name, cost=engine.cost))
+        assert result.token_ids == plain.token_ids
+        assert result.stats.tokens_per_pass > 2.0, result.stats.to_dict()
+        assert result.stats.target_passes < plain.stats.target_passes / 2
+
+
+def test_edge_prompts_on_the_real_model(default_model):
+    engine = SpeculativeEngine(default_model)
+    empty = engine.generate_text("", GenerationConfig(max_new_tokens=4), make_drafter("auto"))
+    assert empty.stats.new_tokens <= 4 and empty.stop_reason in {"max_tokens", "eos"}
+    huge = "x = 1\n" * 6000  # ~12k tokens, beyond the 8192-token context
+    result = engine.generate_text(huge, GenerationConfig(max_new_tokens=4), make_drafter("auto"))
+    assert result.stats.trimmed_tokens > 0
+    assert result.stats.prompt_tokens + 4 + 8 + 1 == default_model.max_context
+
+
+def test_mismatched_draft_model_is_refused(default_model):
+    from tests.tiny_models import loaded, tiny_model
+
+    with pytest.raises(ModelLoadError, match="vocabulary"):
+        check_draft_compatible(default_model, loaded(tiny_model(0)))
+
+
+def test_cli_batch_prints_one_json_object_per_prompt(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"id": "a", "prompt": "def add(a, b):\n    return"}, {"prompt": "import os\nimport"}]
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "decoding", "--prompts-jsonl", str(prompts), "--json", "--drafter", "auto",
+         "--max-new-tokens", "8", "--stop-at-newline", "--device", "cpu", "--seed", "0"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["id"] for r in records] == ["a", "1"]
+    for record in records:
+        assert set(record) >= {"id", "text", "token_ids", "stats"}
+        assert "\n" not in record["text"] and len(record["token_ids"]) <= 8
+        assert record["stats"]["target_passes"] >= 1
+    assert records[0]["text"].strip() != ""
+
+
+def test_cli_reports_bad_input_clearly(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    for args, message in [(["--prompt-file", str(tmp_path / "missing.txt")], "No such file"),
+                          (["--prompts-jsonl", str(bad)], "'prompt' field"),
+                          (["--prompt-file", str(bad), "--model", str(tmp_path / "no-model")], "not found")]:
+        done = subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
