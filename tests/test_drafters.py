@@ -125,3 +125,21 @@ def test_unknown_drafter_and_model_drafter_without_a_model_are_clear_errors():
         make_drafter("magic")
     with pytest.raises(ValueError, match="needs a draft model"):
         make_drafter("model")
+
+
+def test_auto_uses_the_draft_model_where_no_ngram_match_is_confident():
+    model = loaded(tiny_model(5, layers=1))
+    auto = make_drafter("auto", draft_model=model)
+    seq = [10, 20, 30, 40]  # no repetition: the n-gram source has nothing
+    auto.begin(seq, GREEDY, None)
+    auto.model.propose_exactly(seq, 1)  # the draft model has seen the prompt
+    auto.cost.record(1, 60.0)
+    auto.model.step_ms = 6.0  # a draft step costs a tenth of a target step
+    for _ in range(20):
+        auto.model.stats.update(0, 8, 8)  # and its drafts are accepted
+    draft = auto.propose(seq, 8)
+    assert draft.source == "model" and len(draft) >= 4
+    auto.model.step_ms = 60.0  # as slow as the target: drafting cannot pay
+    for _ in range(20):
+        auto.model.stats.update(0, 1, 8)
+    assert [len(auto.propose(seq, 8)) for _ in range(5)] == [0] * 5

@@ -57,9 +57,15 @@ class AutoDrafter:
             if gain >= self.MIN_GAIN or self._probe(key):
                 candidates.append((gain, "ngram", k))
         if self.model is not None and max_len > 0:
+            # Tokens the draft model has not seen yet (a new prompt) must be fed first; that
+            # catch-up is rarely repaid within one line, so it counts against the draft model.
+            behind = self.model.tokens_behind(tokens)
+            catch_up = self.model.relative_cost * self.cost.relative(behind) if behind > 1 else 0.0
             k, gain = best_draft_length(self.model.stats.alpha(), min(max_len, self.model.max_draft),
                                         self.cost, draft_cost=self.model.relative_cost)
-            if gain >= self.MIN_GAIN or self._probe("model"):
+            gain *= (self.cost.relative(k + 1) + k * self.model.relative_cost) / (
+                self.cost.relative(k + 1) + k * self.model.relative_cost + catch_up)
+            if gain >= self.MIN_GAIN or (behind <= self.model.max_draft and self._probe("model")):
                 candidates.append((gain, "model", k))
         if not candidates:
             return Draft(source=self.name)

@@ -46,9 +46,13 @@ class ModelDrafter:
     def cached_tokens(self) -> list[int]:
         return list(self._cached)
 
+    def tokens_behind(self, tokens: Sequence[int]) -> int:
+        """How many tokens of ``tokens`` would have to be fed before drafting could start."""
+        return len(tokens) - min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.draft.device)
-        out = self.draft.model(input_ids=ids, past_key_values=self._cache, use_cache=True)
+        out = self.draft.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
         self._cached.extend(tokens)
         return out.logits[0, -1]
 
