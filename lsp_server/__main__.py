@@ -1,0 +1,179 @@
+"""``lsp_server [--stdio | --tcp HOST:PORT] [--model M] ...``: start the completion server.
+
+Under ``--stdio`` (the default) stdout is the LSP channel, so the process keeps a private copy of
+it and points file descriptor 1 at stderr: a stray ``print`` or a native library's message can
+never corrupt the protocol. ``--tcp`` serves one client and exits when it disconnects. Either
+way the process ends with ``os._exit`` once the connection is over, because threads that can't
+be interrupted (a decode step, a model load still reading weights) must not keep it alive or
+crash in interpreter teardown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from lsp_server import __version__
+from lsp_server.config import DRAFTER_NAMES, SettingError, from_cli, validate
+
+if TYPE_CHECKING:
+    from lsp_server.server import CompletionServer
+
+log = logging.getLogger("lsp_server")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+QUIET_LIBRARIES = ("pygls", "transformers", "huggingface_hub", "urllib3", "filelock", "asyncio")
+
+
+def host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0-65535), got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def setting(name: str):
+    """An argparse type that checks a value the way the setting ``name`` is checked."""
+    def check(value: str) -> str:
+        try:
+            return validate(name, value)
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+    return check
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lsp_server",
+        description="Whole-line code completion over LSP, decoded with speculative decoding.")
+    transport = parser.add_mutually_exclusive_group()
+    transport.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    transport.add_argument("--tcp", metavar="HOST:PORT", type=host_port,
+                           help="listen on HOST:PORT for one client (port 0 picks a free port; it is logged)")
+    parser.add_argument("--model", type=setting("model"),
+                        help="folder, .gguf file, cached hub id or 'default' (the embedded SmolLM2)")
+    parser.add_argument("--draft-model", type=setting("draft_model"),
+                        help="a draft model sharing the target's vocabulary")
+    parser.add_argument("--drafter", choices=DRAFTER_NAMES, help="draft source (default: auto)")
+    parser.add_argument("--device", type=setting("device"),
+                        help="auto, cpu, cuda, cuda:N, mps (default: auto)")
+    parser.add_argument("--dtype", type=setting("dtype"),
+                        help="auto, float32, float16, bfloat16 (default: auto)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    parser.add_argument("--log-file", help="append logs to this file instead of stderr")
+    parser.add_argument("--version", action="version", version=f"lsp_server {__version__}")
+    args = parser.parse_args(argv)
+    if args.drafter == "model" and not args.draft_model:
+        parser.error("--drafter model needs --draft-model")
+    return args
+
+
+def setup_logging(level_name: str, log_file: str | None) -> None:
+    handler: logging.Handler = (logging.FileHandler(log_file) if log_file
+                                else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    level = getattr(logging, level_name)
+    root.setLevel(level)
+    for name in QUIET_LIBRARIES:  # pygls alone logs every message body at INFO
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+def offline_environment() -> None:
+    """Read before huggingface_hub and transformers are imported, so set first."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download: models come from disk or the cache
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def serve_stdio(server: CompletionServer) -> None:
+    from lsp_server.protocol import Utf8RepairingStdin
+
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    server.start_io(stdin=Utf8RepairingStdin(sys.stdin.buffer), stdout=channel)
+
+
+def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
+    from pygls.io_ import run_async
+
+    from lsp_server.protocol import Utf8RepairingReader
+
+    stop = threading.Event()
+    server._stop_event = stop  # what pygls' shutdown() sets to end the read loop
+
+    async def serve() -> None:
+        finished = asyncio.Event()
+        taken = False
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal taken
+            if taken:  # one editor per server process, like --stdio
+                writer.close()
+                return
+            taken = True
+            log.info("client connected from %s", writer.get_extra_info("peername"))
+            server.protocol.set_writer(writer)
+            try:
+                await run_async(stop_event=stop, reader=Utf8RepairingReader(reader),
+                                protocol=server.protocol, logger=logging.getLogger("pygls.io_"),
+                                error_handler=server.report_server_error)
+            finally:
+                finished.set()
+
+        listener = await asyncio.start_server(on_client, host, port)
+        for sock in listener.sockets:  # on stderr whatever the log level: a client may need the port
+            print(f"lsp_server: listening on {sock.getsockname()[0]}:{sock.getsockname()[1]}",
+                  file=sys.stderr, flush=True)
+        async with listener:
+            await finished.wait()
+
+    asyncio.run(serve())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until the connection ends, then end the process; returns only on a command-line error."""
+    args = parse_args(argv)
+    cli = from_cli(model=args.model, draft_model=args.draft_model, drafter=args.drafter, device=args.device,
+                   dtype=args.dtype)
+    if cli.problems:  # parse_args checked every value already; this is a safety net
+        print(f"lsp_server: error: {'; '.join(cli.problems)}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, args.log_file)
+    offline_environment()
+    # Importing torch takes seconds; start it now so the model load after 'initialized' is shorter.
+    from lsp_server.model_host import import_decoding
+    from lsp_server.server import create_server
+
+    threading.Thread(target=import_decoding, name="preload", daemon=True).start()
+
+    server = create_server(cli)
+    log.info("lsp_server %s starting (%s), model %s", __version__,
+             f"tcp {args.tcp[0]}:{args.tcp[1]}" if args.tcp else "stdio", cli.settings.model)
+    try:
+        if args.tcp:
+            serve_tcp(server, *args.tcp)
+        else:
+            serve_stdio(server)
+    except (SystemExit, KeyboardInterrupt):  # pygls ends the loop with sys.exit on 'exit'
+        pass
+    except Exception:
+        log.exception("the server stopped on an unexpected error")
+        server.exit_code = 1
+    finally:
+        server.shutdown()
+    code = server.exit_code if server.exit_code is not None else 0
+    log.info("exiting with code %d", code)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

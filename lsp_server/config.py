@@ -1,0 +1,175 @@
+"""One settings dataclass and the rules for layering it: defaults < CLI < initializationOptions <
+workspace/didChangeConfiguration.
+
+Each layer is a plain mapping with the LSP (camelCase) names. A payload may be flat or nested
+under ``"lspServer"``; ``workspace/didChangeConfiguration`` carries the client's whole section, so
+a key missing there falls back to the layers below it. A value that fails validation never takes
+effect: the setting keeps the value it had, and the caller shows the returned problem to the user.
+
+This module must not import ``decoding`` (that pulls in torch, seconds of import on the event
+loop); the few names it validates against are repeated here and a test keeps them in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+SECTION = "lspServer"
+DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
+DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a user can set; field docs are the README's, defaults are the README's."""
+
+    model: str = "default"
+    draft_model: str | None = None
+    drafter: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_new_tokens: int = 64
+    context_tokens: int = 512  # CPU prefill: ~1 s for 512 tokens, ~2 s for 1024 (the whole default budget)
+    debounce_ms: int = 50
+    time_budget_ms: int = 2000
+    enabled: bool = True
+    multiline: bool = False
+
+    def model_key(self) -> tuple:
+        """What identifies the loaded weights: a change here means a reload."""
+        return (self.model, self.draft_model, self.device, self.dtype)
+
+    def to_lsp(self) -> dict[str, Any]:
+        return {_CAMEL[f.name]: getattr(self, f.name) for f in fields(self)}
+
+
+class SettingError(ValueError):
+    """A value a setting can't take; the message says what it accepts."""
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SettingError("expected a non-empty string")
+    return value.strip()
+
+
+def _optional_string(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return _string(value)
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise SettingError(f"expected one of {', '.join(options)}")
+        return value
+    return check
+
+
+def _device(value: Any) -> str:
+    if not isinstance(value, str) or not _DEVICE_RE.match(value):
+        raise SettingError("expected auto, cpu, cuda, cuda:N, mps or xpu")
+    return value
+
+
+def _int_range(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        # JSON has one number type: accept 50.0 but not 50.5, and never a bool (a Python int).
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise SettingError(f"expected an integer from {low} to {high}")
+        if not low <= int(value) <= high:
+            raise SettingError(f"expected an integer from {low} to {high}")
+        return int(value)
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SettingError("expected true or false")
+    return value
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "model": _string,
+    "draft_model": _optional_string,
+    "drafter": _choice(DRAFTER_NAMES),
+    "device": _device,
+    "dtype": _choice(DTYPE_NAMES),
+    "max_new_tokens": _int_range(1, 4096),
+    "context_tokens": _int_range(16, 131072),
+    "debounce_ms": _int_range(0, 10000),
+    "time_budget_ms": _int_range(0, 600000),  # 0: no budget
+    "enabled": _bool,
+    "multiline": _bool,
+}
+_CAMEL = {name: re.sub(r"_(\w)", lambda m: m.group(1).upper(), name) for name in _VALIDATORS}
+_BY_CAMEL = {camel: name for name, camel in _CAMEL.items()}
+
+
+def validate(name: str, value: Any) -> Any:
+    """``value`` checked and converted for the setting ``name`` (a field name); raises SettingError."""
+    return _VALIDATORS[name](value)
+
+
+def section(payload: Any) -> tuple[Mapping[str, Any], list[str]]:
+    """The settings mapping inside an initializationOptions / didChangeConfiguration payload."""
+    if payload is None:
+        return {}, []
+    if not isinstance(payload, Mapping):
+        return {}, [f"settings must be an object (flat or under {SECTION!r}), got {type(payload).__name__}"]
+    nested = payload.get(SECTION)
+    if nested is None:
+        return payload, []
+    if not isinstance(nested, Mapping):
+        return {}, [f"settings {SECTION!r} must be an object, got {type(nested).__name__}"]
+    return nested, []
+
+
+@dataclass
+class Layered:
+    settings: Settings
+    problems: list[str] = field(default_factory=list)  # rejected values: worth a message to the user
+    unknown: list[str] = field(default_factory=list)  # unknown keys: worth a log line
+
+
+def layer(current: Settings, lower: Settings, payload: Any) -> Layered:
+    """``lower`` overlaid with ``payload``; an invalid value keeps its ``current`` value.
+
+    Problems are full sentences naming the setting, the value given, what it accepts and the
+    value kept.
+    """
+    values, problems = section(payload)
+    out = Layered(lower, problems)
+    for key, raw in values.items():
+        name = _BY_CAMEL.get(key)
+        if name is None:
+            out.unknown.append(f"unknown setting {key!r} ignored; known settings: {', '.join(_BY_CAMEL)}")
+            continue
+        try:
+            out.settings = replace(out.settings, **{name: _VALIDATORS[name](raw)})
+        except SettingError as exc:
+            kept = getattr(current, name)
+            out.settings = replace(out.settings, **{name: kept})
+            out.problems.append(f"setting {key} = {_show(raw)} ignored: {exc}; keeping {_show(kept)}")
+    if out.settings.drafter == "model" and out.settings.draft_model is None:
+        kept = current.drafter if current.drafter != "model" or current.draft_model else "auto"
+        out.problems.append(f"setting drafter = 'model' needs draftModel to be set; keeping {_show(kept)}")
+        out.settings = replace(out.settings, drafter=kept)
+    return out
+
+
+def from_cli(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
+             device: str | None = None, dtype: str | None = None) -> Layered:
+    """Defaults overlaid with the command line's flags (None: not given)."""
+    given = {"model": model, "draftModel": draft_model, "drafter": drafter, "device": device, "dtype": dtype}
+    defaults = Settings()
+    return layer(defaults, defaults, {k: v for k, v in given.items() if v is not None})
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else repr(value)

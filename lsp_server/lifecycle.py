@@ -1,0 +1,80 @@
+"""Model (re)loads as the user sees them: work-done progress, a log line, an error message.
+
+The client sees ``$/progress`` begin, at least one report, and end (with the token created first
+through ``window/workDoneProgress/create`` when the client supports it; without that support
+there is no progress, only log messages). A failed load is a ``window/showMessage`` error with
+the reason; the server stays up and answers empty until a load succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from lsprotocol import types
+
+from lsp_server.config import Settings
+
+if TYPE_CHECKING:
+    from lsp_server.server import CompletionServer
+
+log = logging.getLogger(__name__)
+CREATE_TIMEOUT_S = 5.0
+
+
+def _supports_progress(ls: CompletionServer) -> bool:
+    window = ls.client_capabilities.window if ls.client_capabilities else None
+    return bool(window and window.work_done_progress)
+
+
+async def _create_token(ls: CompletionServer) -> str | None:
+    if not _supports_progress(ls):
+        return None
+    token = f"lsp_server/load/{uuid.uuid4().hex[:12]}"
+    try:
+        await asyncio.wait_for(ls.work_done_progress.create_async(token), CREATE_TIMEOUT_S)
+    except Exception as exc:  # a refusal or no answer: load anyway, without a progress bar
+        log.warning("no work-done progress for the model load (%s)", exc or type(exc).__name__)
+        return None
+    return token
+
+
+async def load_model(ls: CompletionServer, settings: Settings) -> None:
+    """Load ``settings``' model in the background and tell the user how it went."""
+    describe = f"{settings.model} (device {settings.device}, dtype {settings.dtype}" + (
+        f", draft {settings.draft_model})" if settings.draft_model else ")")
+    token = await _create_token(ls)
+    progress = ls.work_done_progress
+    if token is not None:
+        progress.begin(token, types.WorkDoneProgressBegin(
+            title="lsp_server", message=f"loading {settings.model}", cancellable=False))
+    log.info("loading model %s", describe)
+    ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info,
+                                                 message=f"lsp_server: loading model {describe}"))
+
+    def report(message: str) -> None:
+        if token is not None:
+            progress.report(token, types.WorkDoneProgressReport(message=message))
+
+    report(f"loading {settings.model}: reading weights")
+    state = await ls.host.load(settings, report)
+    if state is None:  # a newer load (settings changed again) took over
+        if token is not None:
+            progress.end(token, types.WorkDoneProgressEnd(message="superseded by a newer load"))
+        return
+    if state.status == "ready":
+        message = (f"lsp_server: model {state.source} loaded on {state.device} ({state.dtype}) "
+                   f"in {state.load_ms / 1000:.1f} s")
+        log.info("%s", message)
+        if token is not None:
+            progress.end(token, types.WorkDoneProgressEnd(message=message.removeprefix("lsp_server: ")))
+        ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=message))
+        return
+    message = (f"lsp_server: could not load model {settings.model!r}: {state.error}. "
+               "Completions stay off until a model loads; change the 'model' setting.")
+    if token is not None:
+        progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {state.error}"))
+    ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))
+    ls.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=message))

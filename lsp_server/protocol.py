@@ -1,0 +1,142 @@
+"""pygls' protocol with the guarantees a completion server needs: every request gets an answer.
+
+pygls 2.1 leaves three kinds of request unanswered, so a client would wait on them forever:
+- params that fail to deserialize (a negative line, a missing field): the error is raised while
+  parsing, before pygls knows it was a request, and only logged;
+- requests before ``initialize``: handled as if initialized (and failing on the missing workspace);
+- requests after ``shutdown``: dropped silently.
+They get InvalidParams, ServerNotInitialized and InvalidRequest errors here. A body that is not
+valid UTF-8 would also be dropped unparsed; ``Utf8RepairingReader`` replaces the bad bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+from urllib.parse import unquote
+
+from lsprotocol import types
+from pygls.exceptions import (
+    JsonRpcException,
+    JsonRpcInvalidParams,
+    JsonRpcInvalidRequest,
+    JsonRpcServerNotInitialized,
+)
+from pygls.protocol import LanguageServerProtocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MalformedRequest:
+    """A request whose params did not match the method's schema; answered with InvalidParams."""
+
+    id: Any
+    method: str
+    reason: str
+    jsonrpc: str = "2.0"
+
+
+def _explain(exc: BaseException) -> str:
+    """cattrs' validation error as short lines: ``Position.line should be in range ... @ params.position``."""
+    cause = exc.__cause__ or exc
+    try:
+        from cattrs.v import format_exception, transform_error
+
+        def describe(error: BaseException, expected: type | None) -> str:
+            if isinstance(error, ValueError) and str(error):  # lsprotocol's validators say it best
+                return str(error)
+            return format_exception(error, expected)
+
+        details = [line.replace("@ $.", "@ ") for line in transform_error(cause, "$", describe)]
+        return "; ".join(details[:5]) if details else str(cause)
+    except Exception:
+        return str(cause) or type(cause).__name__
+
+
+class CompletionProtocol(LanguageServerProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initialize_received = False
+
+    def structure_message(self, data: dict[str, Any]) -> Any:
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
+                return MalformedRequest(id=data["id"], method=data["method"], reason=_explain(exc))
+            raise
+
+    def handle_message(self, message: Any) -> None:
+        if isinstance(message, MalformedRequest):
+            log.warning("invalid params for %s: %s", message.method, message.reason)
+            self._reject(message.id, JsonRpcInvalidParams(
+                f"invalid params for {message.method}: {message.reason}"))
+            return
+        method = getattr(message, "method", None)
+        is_request = method is not None and hasattr(message, "id")
+        if method == types.INITIALIZE:
+            self.initialize_received = True
+        elif method is not None and not self.initialize_received and method != types.EXIT:
+            if is_request:
+                self._reject(message.id, JsonRpcServerNotInitialized(
+                    f"the server is not initialized: send 'initialize' before {method!r}"))
+            else:
+                log.warning("dropped notification %r received before initialize", method)
+            return
+        if method == types.TEXT_DOCUMENT_DID_CHANGE and not self._is_open(message):
+            # pygls would raise a KeyError and show it to the user as "Error in server".
+            log.warning("didChange for %s, which is not open: ignored", message.params.text_document.uri)
+            return
+        if is_request and self._shutdown:
+            self._reject(message.id, JsonRpcInvalidRequest(
+                f"the server is shutting down: {method!r} refused after 'shutdown'"))
+            return
+        super().handle_message(message)
+
+    def _is_open(self, message: Any) -> bool:
+        uri = message.params.text_document.uri
+        return self._workspace is not None and unquote(uri) in self._workspace.text_documents
+
+    def _reject(self, msg_id: Any, error: JsonRpcException) -> None:
+        self._send_response(msg_id, error=error.to_response_error())
+
+
+def _repair(body: bytes) -> bytes:
+    try:
+        body.decode("utf-8")
+        return body
+    except UnicodeDecodeError:
+        log.warning("message body is not valid UTF-8; replacing the invalid bytes")
+        return body.decode("utf-8", "replace").encode("utf-8")
+
+
+class Utf8RepairingStdin:
+    """A binary stdin for pygls' reader whose message bodies are always valid UTF-8."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+
+    def readline(self) -> bytes:
+        return self._stream.readline()
+
+    def read(self, size: int) -> bytes:
+        return _repair(self._stream.read(size))
+
+
+class Utf8RepairingReader:
+    """The same for an ``asyncio.StreamReader`` (TCP)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    async def readline(self) -> bytes:
+        return await self._reader.readline()
+
+    async def readexactly(self, size: int) -> bytes:
+        try:
+            return _repair(await self._reader.readexactly(size))
+        except asyncio.IncompleteReadError:  # the client went away mid-message
+            return b""

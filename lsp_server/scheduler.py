@@ -1,0 +1,177 @@
+"""One decode worker thread per model, with cancel-previous per document, debounce and a time budget.
+
+The engine is synchronous and not thread-safe, and a running thread cannot be interrupted, so the
+scheduler owns exactly one worker thread and hands each job a ``should_stop`` callable that the
+engine polls between target passes. The event loop side never blocks: a request awaits an asyncio
+future that the worker resolves with ``call_soon_threadsafe``.
+
+Why supersede instead of relying on ``$/cancelRequest``: Neovim's client never cancels its older
+requests, so a newer request on the same document (the user typed on) resolves the older one at
+once as ``superseded`` and stops its decode within one engine step. The scheduler is generic over
+the job callable, so its logic is tested without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+StopCheck = Callable[[], bool]
+Job = Callable[[StopCheck], T]
+Status = Literal["done", "superseded", "cancelled", "failed"]
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """How a scheduled job ended; ``value`` is set only when the job itself returned."""
+
+    status: Status
+    value: T | None = None
+    error: BaseException | None = None
+    budget_exhausted: bool = False  # the job returned because its time budget ran out
+    queued_ms: float = 0.0  # from submission (after debounce) to the worker picking it up
+    run_ms: float = 0.0
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's claim on the worker; ``cancel`` is what the engine ends up polling."""
+
+    key: str
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    deadline: float | None = None  # time.monotonic() after which the job should stop
+    cancel: threading.Event = field(default_factory=threading.Event)
+    superseded: bool = False
+    enqueued_at: float = 0.0
+
+    def budget_exhausted(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def should_stop(self) -> bool:
+        return self.cancel.is_set() or self.budget_exhausted()
+
+    def resolve(self, outcome: Outcome) -> None:
+        """Settle the future from any thread; a future already settled (superseded) stays as it is."""
+
+        def settle() -> None:
+            if not self.future.done():
+                self.future.set_result(outcome)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is shutting down
+            self.loop.call_soon_threadsafe(settle)
+
+
+class Scheduler:
+    """Runs jobs one at a time on a daemon worker thread; at most one live job per key."""
+
+    def __init__(self, name: str = "decode-worker") -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[Ticket, Job] | None] = queue.SimpleQueue()
+        self._active: dict[str, Ticket] = {}  # key -> newest ticket; touched on the loop thread only
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- event loop side ---------------------------------------------------------------------
+    async def run(self, key: str, job: Job[T], *, debounce_s: float = 0.0,
+                  budget_s: float | None = None) -> Outcome[T]:
+        """Run ``job`` for ``key`` after the debounce, superseding any earlier job for ``key``.
+
+        The time budget counts from this call, i.e. from the request's arrival, because that is
+        the latency the user sees. If the awaiting task is cancelled ($/cancelRequest, shutdown)
+        the job is told to stop and the cancellation propagates to the caller.
+        """
+        if self._closed:
+            return Outcome("cancelled")
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + budget_s if budget_s else None
+        ticket = Ticket(key=key, future=loop.create_future(), loop=loop, deadline=deadline)
+        self.supersede(key)
+        self._active[key] = ticket
+        try:
+            if debounce_s > 0:
+                await asyncio.wait([ticket.future], timeout=debounce_s)
+                if ticket.future.done():  # superseded while waiting
+                    return ticket.future.result()
+            self._start_worker()
+            ticket.enqueued_at = time.monotonic()
+            self._queue.put((ticket, job))
+            return await ticket.future
+        except asyncio.CancelledError:
+            ticket.cancel.set()
+            raise
+        finally:
+            if self._active.get(key) is ticket:
+                del self._active[key]
+
+    def supersede(self, key: str) -> bool:
+        """Stop the live job for ``key``, if any, and answer it now as superseded."""
+        previous = self._active.pop(key, None)
+        if previous is None:
+            return False
+        previous.superseded = True
+        previous.cancel.set()
+        if not previous.future.done():
+            previous.future.set_result(Outcome("superseded"))
+        return True
+
+    def pending(self) -> int:
+        return len(self._active)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop every job and the worker; safe to call twice and from a non-loop thread."""
+        self._closed = True
+        for ticket in list(self._active.values()):
+            ticket.cancel.set()
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive() and timeout_s > 0:
+                log.warning("decode worker still busy after %.1f s; leaving it (daemon)", timeout_s)
+
+    # -- worker side -----------------------------------------------------------------------------
+    def _start_worker(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                # A daemon: a decode can't be interrupted, and it must never keep the process alive
+                # after the client has gone.
+                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            ticket, job = item
+            picked = time.monotonic()
+            queued_ms = (picked - ticket.enqueued_at) * 1000
+            if ticket.cancel.is_set():  # superseded or cancelled while queued: don't start it
+                status = "superseded" if ticket.superseded else "cancelled"
+                ticket.resolve(Outcome(status, queued_ms=queued_ms))
+                continue
+            try:
+                value = job(ticket.should_stop)
+                outcome: Outcome = Outcome("done", value, budget_exhausted=ticket.budget_exhausted()
+                                           and not ticket.cancel.is_set())
+            except Exception as exc:
+                log.exception("job for %s failed", ticket.key)
+                outcome = Outcome("failed", error=exc)
+            outcome.queued_ms = queued_ms
+            outcome.run_ms = (time.monotonic() - picked) * 1000
+            if ticket.cancel.is_set() and outcome.status == "done":
+                outcome.status = "superseded" if ticket.superseded else "cancelled"
+            with contextlib.suppress(Exception):
+                ticket.resolve(outcome)

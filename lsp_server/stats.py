@@ -1,0 +1,91 @@
+"""Counters behind the ``lsp_server/stats`` request; touched on the event loop thread only."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+LATENCY_WINDOW = 2000  # the most recent answers that the percentiles describe
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no data (JSON null rather than a made-up 0)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return round(ordered[rank - 1], 2)
+
+
+@dataclass
+class DrafterTotals:
+    proposed: int = 0
+    accepted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        acceptance = self.accepted / self.proposed if self.proposed else None
+        return {"proposed": self.proposed, "accepted": self.accepted,
+                "acceptance": None if acceptance is None else round(acceptance, 4)}
+
+
+@dataclass
+class ServerStats:
+    """Request outcomes and decoding totals since the server started.
+
+    Every completion request ends in exactly one of: a non-empty answer, ``empty`` (which
+    includes ``superseded`` and ``failed`` answers), ``cancelled`` (answered with
+    RequestCancelled) or ``errors`` (an LSP error such as InvalidParams).
+    """
+
+    requests: int = 0
+    answered: int = 0
+    cancelled: int = 0
+    superseded: int = 0
+    failed: int = 0
+    empty: int = 0
+    errors: int = 0
+    budget_exhausted: int = 0
+    decodes: int = 0  # decodes that ran on the worker (finished, stopped or superseded midway)
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+    produced_tokens: int = 0
+    target_passes: int = 0
+    drafters: dict[str, DrafterTotals] = field(default_factory=dict)
+    latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def answer(self, latency_ms: float, *, empty: bool) -> None:
+        self.answered += 1
+        self.empty += int(empty)
+        self.latencies_ms.append(latency_ms)
+
+    def record_generation(self, result: Any) -> None:
+        """Fold in one ``decoding.GenerationResult`` (partial ones too: their passes were spent)."""
+        stats = result.stats
+        self.decodes += 1
+        self.stop_reasons[result.stop_reason] = self.stop_reasons.get(result.stop_reason, 0) + 1
+        self.produced_tokens += stats.produced_tokens
+        self.target_passes += stats.target_passes
+        for name, per in stats.drafters.items():
+            totals = self.drafters.setdefault(name, DrafterTotals())
+            totals.proposed += per.proposed
+            totals.accepted += per.accepted
+
+    def snapshot(self) -> dict[str, Any]:
+        latencies = list(self.latencies_ms)
+        return {
+            "requests": self.requests,
+            "answered": self.answered,
+            "cancelled": self.cancelled,
+            "superseded": self.superseded,
+            "failed": self.failed,
+            "empty": self.empty,
+            "errors": self.errors,
+            "budget_exhausted": self.budget_exhausted,
+            "decodes": self.decodes,
+            "stop_reasons": dict(self.stop_reasons),
+            "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
+            "tokens_per_pass": (round(self.produced_tokens / self.target_passes, 4)
+                                if self.target_passes else None),
+            "drafters": {name: totals.to_dict() for name, totals in self.drafters.items()},
+        }

@@ -1,0 +1,165 @@
+"""The scheduler's supersede, cancel, debounce and budget logic, with plain callables for jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from lsp_server.scheduler import Scheduler
+
+GUARD_S = 10.0  # hang guard, not a speed claim
+
+
+class SpinJob:
+    """A job that works in small steps until told to stop, like the engine between target passes."""
+
+    def __init__(self, steps: int = 1_000_000, step_s: float = 0.001) -> None:
+        self.steps, self.step_s = steps, step_s
+        self.started = threading.Event()
+        self.stopped_early = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.calls = 0
+        self.done_steps = 0
+
+    def __call__(self, should_stop) -> int:
+        self.calls += 1
+        self.thread = threading.current_thread()
+        self.started.set()
+        for _ in range(self.steps):
+            if should_stop():
+                self.stopped_early.set()
+                break
+            time.sleep(self.step_s)
+            self.done_steps += 1
+        return self.done_steps
+
+
+async def wait_started(job: SpinJob) -> None:
+    assert await asyncio.to_thread(job.started.wait, GUARD_S)
+
+
+@pytest.fixture
+async def scheduler():
+    sched = Scheduler()
+    yield sched
+    sched.close()
+
+
+async def test_a_job_runs_on_the_worker_thread_and_returns_its_value(scheduler):
+    job = SpinJob(steps=3)
+    outcome = await asyncio.wait_for(scheduler.run("doc", job), GUARD_S)
+    assert outcome.status == "done" and outcome.value == 3
+    assert job.thread is not threading.current_thread() and job.thread.daemon
+    assert not outcome.budget_exhausted and outcome.run_ms >= 0
+
+
+async def test_a_newer_request_supersedes_the_running_one_at_once(scheduler):
+    old = SpinJob()
+    first = asyncio.ensure_future(scheduler.run("doc", old))
+    await wait_started(old)
+    new = SpinJob(steps=2)
+    second = asyncio.ensure_future(scheduler.run("doc", new))
+    outcome = await asyncio.wait_for(first, GUARD_S)
+    assert outcome.status == "superseded" and outcome.value is None
+    assert await asyncio.to_thread(old.stopped_early.wait, GUARD_S)  # the decode itself stopped
+    assert (await asyncio.wait_for(second, GUARD_S)).status == "done"
+    assert scheduler.pending() == 0
+
+
+async def test_jobs_on_different_documents_do_not_supersede_each_other(scheduler):
+    jobs = [SpinJob(steps=5), SpinJob(steps=5)]
+    outcomes = await asyncio.wait_for(asyncio.gather(
+        scheduler.run("a", jobs[0]), scheduler.run("b", jobs[1])), GUARD_S)
+    assert [o.status for o in outcomes] == ["done", "done"]
+    assert [o.value for o in outcomes] == [5, 5]
+
+
+async def test_cancelling_the_awaiting_task_stops_the_job_and_frees_the_worker(scheduler):
+    job = SpinJob()
+    task = asyncio.ensure_future(scheduler.run("doc", job))
+    await wait_started(job)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(job.stopped_early.wait, GUARD_S)
+    follow_up = await asyncio.wait_for(scheduler.run("doc", SpinJob(steps=1)), GUARD_S)
+    assert follow_up.status == "done"
+
+
+async def test_superseded_during_the_debounce_never_runs(scheduler):
+    old, new = SpinJob(steps=1), SpinJob(steps=1)
+    first = asyncio.ensure_future(scheduler.run("doc", old, debounce_s=5.0))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(scheduler.run("doc", new, debounce_s=0.0))
+    assert (await asyncio.wait_for(first, GUARD_S)).status == "superseded"
+    assert (await asyncio.wait_for(second, GUARD_S)).status == "done"
+    assert old.calls == 0 and new.calls == 1
+
+
+async def test_cancelled_during_the_debounce_never_runs(scheduler):
+    job = SpinJob(steps=1)
+    task = asyncio.ensure_future(scheduler.run("doc", job, debounce_s=5.0))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(scheduler.run("other", SpinJob(steps=1)), GUARD_S)  # the worker is idle
+    assert job.calls == 0
+
+
+async def test_a_queued_job_that_was_superseded_is_skipped_by_the_worker(scheduler):
+    blocker = SpinJob()
+    running = asyncio.ensure_future(scheduler.run("a", blocker))
+    await wait_started(blocker)
+    queued = SpinJob(steps=1)
+    waiting = asyncio.ensure_future(scheduler.run("b", queued))
+    await asyncio.sleep(0.05)
+    newest = asyncio.ensure_future(scheduler.run("b", SpinJob(steps=1)))
+    assert (await asyncio.wait_for(waiting, GUARD_S)).status == "superseded"
+    scheduler.supersede("a")
+    assert (await asyncio.wait_for(running, GUARD_S)).status == "superseded"
+    assert (await asyncio.wait_for(newest, GUARD_S)).status == "done"
+    assert queued.calls == 0
+
+
+async def test_the_time_budget_stops_the_job_and_keeps_its_partial_value(scheduler):
+    job = SpinJob(step_s=0.002)
+    outcome = await asyncio.wait_for(scheduler.run("doc", job, budget_s=0.2), GUARD_S)
+    assert outcome.status == "done" and outcome.budget_exhausted
+    assert job.stopped_early.is_set() and outcome.value == job.done_steps > 0
+
+
+async def test_a_failing_job_is_reported_and_the_worker_survives(scheduler):
+    def broken(should_stop):
+        raise RuntimeError("boom")
+
+    outcome = await asyncio.wait_for(scheduler.run("doc", broken), GUARD_S)
+    assert outcome.status == "failed" and "boom" in str(outcome.error)
+    assert (await asyncio.wait_for(scheduler.run("doc", SpinJob(steps=1)), GUARD_S)).status == "done"
+
+
+async def test_fifty_rapid_requests_all_answered_and_only_the_newest_decodes_to_the_end(scheduler):
+    jobs = [SpinJob(steps=20) for _ in range(50)]
+    tasks = []
+    for job in jobs:
+        tasks.append(asyncio.ensure_future(scheduler.run("doc", job, debounce_s=0.02)))
+        await asyncio.sleep(0)  # each request arrives as its own event, like LSP messages
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
+    assert [o.status for o in outcomes] == ["superseded"] * 49 + ["done"]
+    assert outcomes[-1].value == 20
+    assert sum(job.calls for job in jobs) == 1  # the debounce kept the others from starting
+
+
+async def test_close_stops_the_worker_and_later_runs_are_cancelled():
+    sched = Scheduler()
+    job = SpinJob()
+    task = asyncio.ensure_future(sched.run("doc", job))
+    await wait_started(job)
+    await asyncio.to_thread(sched.close, 5.0)
+    assert job.stopped_early.is_set()
+    assert (await asyncio.wait_for(task, GUARD_S)).status == "cancelled"
+    assert (await sched.run("doc", SpinJob(steps=1))).status == "cancelled"
+    assert sched._thread is not None and not sched._thread.is_alive()

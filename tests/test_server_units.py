@@ -1,0 +1,200 @@
+"""The server's pure parts without a process: settings layering, the prompt window, post-processing,
+LSP line breaks and cursor positions, statistics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from lsprotocol import types
+from pygls.workspace import PositionCodec
+
+from lsp_server import config
+from lsp_server.context import MAX_CHARS_PER_TOKEN, ContextRequest, fit_tokens, plain_window
+from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
+from lsp_server.postprocess import clean_decoded, line_item_text, merge_with_suffix
+from lsp_server.stats import ServerStats, percentile
+
+# -- settings ---------------------------------------------------------------------------------------
+
+
+def test_the_drafter_names_match_the_engine():
+    from decoding.drafters import DRAFTER_NAMES
+
+    assert config.DRAFTER_NAMES == DRAFTER_NAMES
+
+
+def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
+    cli = config.from_cli(model="/models/a", device="cpu")
+    assert not cli.problems and cli.settings.model == "/models/a" and cli.settings.device == "cpu"
+    init = config.layer(cli.settings, cli.settings, {"lspServer": {"maxNewTokens": 10, "device": "cuda:1"}})
+    assert init.settings.max_new_tokens == 10 and init.settings.device == "cuda:1"
+    client = config.layer(init.settings, init.settings, {"debounceMs": 0, "enabled": False})
+    got = client.settings
+    assert (got.debounce_ms, got.enabled, got.max_new_tokens) == (0, False, 10)
+    # A later payload replaces the client layer: keys it lacks fall back to the init layer.
+    again = config.layer(client.settings, init.settings, {"debounceMs": 5})
+    assert again.settings.enabled is True and again.settings.debounce_ms == 5
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("maxNewTokens", 0), ("maxNewTokens", "64"), ("maxNewTokens", 2.5), ("maxNewTokens", True),
+    ("contextTokens", 10**9), ("debounceMs", -1), ("timeBudgetMs", None), ("enabled", "yes"),
+    ("drafter", "fast"), ("device", "tpu"), ("dtype", "int4"), ("model", ""), ("model", 3),
+    ("draftModel", 5), ("multiline", 1),
+])
+def test_a_bad_value_keeps_the_current_one_and_says_why(key, value):
+    current = config.Settings(max_new_tokens=33, enabled=False)
+    result = config.layer(current, config.Settings(), {key: value})
+    name = config._BY_CAMEL[key]
+    assert getattr(result.settings, name) == getattr(current, name)
+    (problem,) = result.problems
+    assert problem.startswith(f"setting {key} = ") and "ignored: expected" in problem and "keeping" in problem
+
+
+def test_integral_floats_are_accepted_and_unknown_keys_are_noted():
+    result = config.layer(config.Settings(), config.Settings(), {"maxNewTokens": 32.0, "colour": "red"})
+    assert result.settings.max_new_tokens == 32 and not result.problems
+    assert result.unknown and "'colour'" in result.unknown[0]
+
+
+def test_a_payload_that_is_not_an_object_is_a_problem():
+    assert config.layer(config.Settings(), config.Settings(), [1, 2]).problems
+    assert config.layer(config.Settings(), config.Settings(), {"lspServer": 3}).problems
+    assert not config.layer(config.Settings(), config.Settings(), None).problems
+
+
+def test_the_model_drafter_needs_a_draft_model():
+    result = config.layer(config.Settings(), config.Settings(), {"drafter": "model"})
+    assert result.settings.drafter == "auto" and "needs draftModel" in result.problems[0]
+    ok = config.layer(config.Settings(), config.Settings(), {"drafter": "model", "draftModel": "/d"})
+    assert ok.settings.drafter == "model" and not ok.problems
+
+
+def test_to_lsp_uses_the_documented_names():
+    assert set(config.Settings().to_lsp()) == {
+        "model", "draftModel", "drafter", "device", "dtype", "maxNewTokens", "contextTokens", "debounceMs",
+        "timeBudgetMs", "enabled", "multiline"}
+
+
+# -- prompt -----------------------------------------------------------------------------------------
+
+
+def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
+    text = "".join(f"line {i}\n" for i in range(1000)) + "tail"
+    prompt = plain_window(ContextRequest(text=text, offset=len(text), budget_tokens=10))
+    assert prompt.text.endswith("tail") and len(prompt.text) <= 10 * MAX_CHARS_PER_TOKEN
+    assert prompt.text.startswith("line ") and text[prompt.start - 1] == "\n"
+    short = plain_window(ContextRequest(text="x = 1\ny", offset=7, budget_tokens=100))
+    assert short.text == "x = 1\ny" and short.start == 0
+
+
+def test_one_trailing_space_or_tab_is_held_back_for_healing():
+    prompt = plain_window(ContextRequest("    return ", 11, 100))
+    assert (prompt.text, prompt.healed) == ("    return", " ")
+    prompt = plain_window(ContextRequest("x = 1\n        ", 14, 100))
+    assert (prompt.text, prompt.healed) == ("x = 1\n       ", " ")
+    assert plain_window(ContextRequest("a\n\t", 3, 100)).healed == "\t"
+    assert plain_window(ContextRequest("x = 1", 5, 100)).healed == ""
+
+
+def test_lone_surrogates_do_not_reach_the_tokenizer():
+    prompt = plain_window(ContextRequest("s = '\ud800'", 10, 100))
+    prompt.text.encode("utf-8")
+
+
+def test_fit_tokens_keeps_the_end_within_the_budget():
+    def encode(text: str) -> list[int]:  # one token per character
+        return [ord(c) for c in text]
+
+    text = "".join(f"row {i}\n" for i in range(500)) + "end"
+    ids = fit_tokens(text, encode, 100)
+    assert len(ids) <= 100 and "".join(map(chr, ids)).endswith("end")
+    assert "".join(map(chr, ids)).startswith("row ")  # re-cut at a line start
+    assert fit_tokens("short", encode, 100) == encode("short")
+
+
+# -- post-processing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("decoded", "after", "healed", "expected"), [
+    (" = y\n        z = 1", "", "", " = y"),  # one line
+    ("   \n", "", "", None),  # blank: no item
+    ("", "", "", None),
+    ("\nfoo", "", "", None),
+    (" self.y = y", "", " ", "self.y = y"),  # the held-back space is stripped
+    ("self.y = y", "", " ", None),  # the model did not continue with the user's space
+    ("a, b)", ")", "", "a, b)"),  # the suffix is already in the suggestion
+    ("a, b", ")", "", "a, b)"),  # the suffix is kept after it
+    ("x)", "):", "", "x):"),  # overlap is not repeated
+    ("name)", "name)", "", None),  # retyping what is there is no suggestion
+    ("value  ", "   ", "", "value"),  # trailing blanks of the line are replaced
+    ("caf\ufffd", "", "", "caf"),  # a broken trailing character is dropped
+])
+def test_line_item_text(decoded, after, healed, expected):
+    assert line_item_text(decoded, after, healed) == expected
+
+
+def test_multiline_only_where_the_rest_of_the_line_is_blank():
+    assert line_item_text("a = 1\nb = 2\n", "", multiline=True) == "a = 1\nb = 2"
+    assert line_item_text("a = 1\nb = 2\n", ")", multiline=True) == "a = 1)"
+
+
+def test_merge_and_clean_helpers():
+    assert merge_with_suffix("foo(a)", ")") == "foo(a)"
+    assert merge_with_suffix("x + 1", "  # note") == "x + 1  # note"
+    assert clean_decoded("abc\r\ndef") == "abc"
+
+
+# -- documents and cursors ------------------------------------------------------------------------------
+
+
+def test_lsp_lines_break_only_at_lsp_line_ends():
+    text = "a\x0cb\u2028c\x85d\ne\r\nf\rg"
+    assert lsp_lines(text) == ["a\x0cb\u2028c\x85d\n", "e\r\n", "f\r", "g"]
+    assert lsp_lines("x\ny\n") == "x\ny\n".splitlines(keepends=True)
+    assert lsp_lines("") == []
+
+
+def document(text: str, encoding: str = "utf-16") -> LspTextDocument:
+    return LspTextDocument("file:///t.py", text, position_codec=PositionCodec(encoding=encoding))
+
+
+@pytest.mark.parametrize(("encoding", "character"), [("utf-16", 9), ("utf-8", 12), ("utf-32", 8)])
+def test_locate_converts_code_units_and_splits_the_line(encoding, character):
+    doc = document("# top\nx = 'é😀' + y)\n", encoding)
+    cursor = locate(doc, types.Position(1, character))
+    assert cursor.before == "x = 'é😀'" and cursor.after == " + y)"
+    assert cursor.offset == len("# top\n") + 8 and cursor.character == character
+    assert cursor.end_character == {"utf-16": 14, "utf-8": 17, "utf-32": 13}[encoding]
+
+
+def test_locate_clamps_the_character_and_rejects_lines_past_the_end():
+    doc = document("ab\ncd\n")
+    assert locate(doc, types.Position(1, 99)).character == 2
+    assert locate(doc, types.Position(2, 0)).offset == 6  # the empty line after the last break
+    with pytest.raises(PositionError, match="line 3 is beyond the end of the document"):
+        locate(doc, types.Position(3, 0))
+    assert locate(document(""), types.Position(0, 0)).offset == 0
+    with pytest.raises(PositionError):
+        locate(document("no newline"), types.Position(1, 0))
+    inside_pair = locate(document("😀x"), types.Position(0, 1))  # half an emoji rounds up
+    assert inside_pair.character == 2 and inside_pair.before == "😀"
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+
+def test_percentiles_and_generation_totals():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
+    stats = ServerStats()
+    per = SimpleNamespace(proposed=8, accepted=6)
+    result = SimpleNamespace(stop_reason="stop", stats=SimpleNamespace(
+        produced_tokens=12, target_passes=4, drafters={"ngram": per}))
+    stats.record_generation(result)
+    stats.answer(10.0, empty=False)
+    snap = stats.snapshot()
+    assert snap["tokens_per_pass"] == 3.0 and snap["stop_reasons"] == {"stop": 1}
+    assert snap["drafters"] == {"ngram": {"proposed": 8, "accepted": 6, "acceptance": 0.75}}
+    assert snap["latency_ms"] == {"p50": 10.0, "p95": 10.0} and snap["answered"] == 1
