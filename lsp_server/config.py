@@ -20,6 +20,8 @@ from typing import Any
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+MULTILINE_MODES = ("auto", "never", "always")  # == lsp_server.ending.MULTILINE_MODES
+FIM_STYLES = ("auto", "none", "starcoder", "qwen", "deepseek", "codellama")  # == lsp_server.fim.SETTING_NAMES
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
 
@@ -37,7 +39,11 @@ class Settings:
     debounce_ms: int = 50
     time_budget_ms: int = 2000
     enabled: bool = True
-    multiline: bool = False
+    multiline: str = "auto"  # auto: a block body where the cursor opens an empty one; never; always
+    max_lines: int = 12  # the most lines a multi-line suggestion spans
+    fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
+    neighbor_snippets: int = 2  # snippets from other open documents in the prompt
+    token_healing: bool = True
 
     def model_key(self) -> tuple:
         """What identifies the loaded weights: a change here means a reload."""
@@ -94,6 +100,22 @@ def _bool(value: Any) -> bool:
     return value
 
 
+def _multiline(value: Any) -> str:
+    """A mode name; the booleans of the first version still mean always / never."""
+    if isinstance(value, bool):
+        return "always" if value else "never"
+    if isinstance(value, str) and value in MULTILINE_MODES:
+        return value
+    raise SettingError(f"expected one of {', '.join(MULTILINE_MODES)} (or true / false)")
+
+
+def _fim_template(value: Any) -> str:
+    if isinstance(value, str) and (value in FIM_STYLES or ("{prefix}" in value and "{suffix}" in value)):
+        return value
+    raise SettingError(f"expected one of {', '.join(FIM_STYLES)}, "
+                       "or a template with {prefix} and {suffix}")
+
+
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "model": _string,
     "draft_model": _optional_string,
@@ -105,7 +127,11 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "debounce_ms": _int_range(0, 10000),
     "time_budget_ms": _int_range(0, 600000),  # 0: no budget
     "enabled": _bool,
-    "multiline": _bool,
+    "multiline": _multiline,
+    "max_lines": _int_range(1, 1000),
+    "fim_template": _fim_template,
+    "neighbor_snippets": _int_range(0, 10),
+    "token_healing": _bool,
 }
 _CAMEL = {name: re.sub(r"_(\w)", lambda m: m.group(1).upper(), name) for name in _VALIDATORS}
 _BY_CAMEL = {camel: name for name, camel in _CAMEL.items()}

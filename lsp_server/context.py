@@ -1,50 +1,90 @@
-"""The prompt: a plain window of text before the cursor, trimmed to a token budget.
+"""The prompt: what the model sees of the document, within a token budget.
 
-This is the seam for the tree-sitter context issue: ``build_prompt`` is the only function the
-server calls to turn a document and a cursor into a ``Prompt``; a smarter builder (enclosing
-scopes, imports, the suffix) replaces it with the same signature. Windowing happens in two steps
-so a 10 MB document costs the same as a small one: a character window here on the event loop
-(bounded by ``MAX_CHARS_PER_TOKEN`` times the budget), then ``fit_tokens`` on the worker thread,
-where the tokenizer lives.
+``ContextBuilder.build`` turns a document, a cursor and the model's tokenizer into a ``Prompt``
+whose token ids are fed as they are. It runs on the decode worker thread (it counts real tokens),
+never on the event loop. The layout, first to last:
 
-Trailing-whitespace healing: BPE tokenizers glue a space to the word after it (" return") and a
-newline to the indentation after it ("\\n       "), so a prompt that ends in the space the user
-just typed asks the model to continue from a token it rarely saw in that position, and it slips
-(measured on SmolLM2: after an indented newline it answers nothing). Holding back one trailing
-space or tab and requiring the completion to start with it puts the prompt back on a natural
-token boundary; ``postprocess`` checks and strips the held-back character.
+1. snippets from other open documents (``snippets.py``), as comments;
+2. rows of the document before the cursor, chosen by syntax (``outline.py``, ``budget.py``):
+   the imports, the chain of enclosing headers, the nearest sibling code, distant definitions
+   dropped whole;
+3. the cursor's line up to the cursor.
+
+Stable parts come first and the cursor-local part last, and nothing before the cursor's line
+depends on the cursor's column: the rows are chosen for a budget that reserves room for the
+cursor's line in steps of ``RESERVE_STEP`` tokens, and the snippets are chosen by the lines above
+it. So consecutive keystrokes on one line give prompts that share all their tokens but the last
+few, which is what KV-cache reuse needs.
+
+Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
+``SUFFIX_SHARE`` of the budget.
+
+Token healing: when the cursor is mid-word or after a space or indentation, the prompt's last
+token is backed up over (``decoding.healing.back_up``) and ``Prompt.healed`` holds the text
+removed; the engine makes the output start with it and returns only what follows it.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lsp_server import fim
+from lsp_server.budget import render, select_rows
+from lsp_server.languages import LanguageSpec, detect, grammar
+from lsp_server.outline import Outline, SyntaxOutline, text_outline
+from lsp_server.snippets import OpenDocument, Snippet, SnippetIndex
+from lsp_server.snippets import render as render_snippet
+from lsp_server.syntax import ParseCache, Window, to_bytes, window_for
+from lsp_server.tokens import Tokens
+
+log = logging.getLogger(__name__)
+
 MAX_CHARS_PER_TOKEN = 8  # generous: code averages ~3-4 characters per token
 HEALABLE = (" ", "\t")
+RESERVE_STEP = 32  # tokens: the room kept for the cursor's line grows in these steps
+SNIPPET_SHARE = 0.2
+MIN_SNIPPET_LINES = 4
+SUFFIX_SHARE = 0.25
+QUERY_LINES = 20
+_WORD_END = re.compile(r"\w\Z")
 
 
 @dataclass(frozen=True)
 class ContextRequest:
-    """What a context builder may look at; later builders may use uri and language_id."""
+    """What a context builder may look at (a snapshot taken on the event loop)."""
 
     text: str  # the whole document
     offset: int  # the cursor, in code points
     budget_tokens: int
     uri: str = ""
     language_id: str | None = None
+    others: tuple[OpenDocument, ...] = ()  # the other open documents
+    fim_template: str = "auto"  # a fim.STYLES name, "auto", "none", or a template string
+    neighbor_snippets: int = 2
+    heal: bool = True
 
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str  # fed to the model: the window before the cursor, minus ``healed``
-    healed: str = ""  # held back from the end of the window; the completion must start with it
-    start: int = 0  # where the window starts in the document, in code points
+    text: str  # the prompt's text (with FIM: the prefix slot), minus ``healed``
+    healed: str = ""  # backed up from the end; the completion must start with it
+    start: int = 0  # where the document text shown starts, in code points
+    ids: tuple[int, ...] | None = None  # what the model is fed; None: tokenize ``text`` (plain window)
+    suffix: str = ""  # FIM: the text after the cursor that the prompt shows
+    fim: str | None = None  # the FIM template's name, when one is used
+    stop_strings: tuple[str, ...] = ()
+    language: str = "text"
+    snippets: tuple[Snippet, ...] = ()
 
+
+# -- the plain window: the fallback and the benchmark's naive baseline ------------------------------
 
 def plain_window(request: ContextRequest) -> Prompt:
     """The text before the cursor, at most ``MAX_CHARS_PER_TOKEN * budget`` characters, starting
-    at a line start when it had to be cut."""
+    at a line start when it had to be cut. No tokenizer needed (``fit_tokens`` finishes it)."""
     max_chars = max(request.budget_tokens, 1) * MAX_CHARS_PER_TOKEN
     offset = max(0, min(request.offset, len(request.text)))
     start = max(0, offset - max_chars)
@@ -54,12 +94,7 @@ def plain_window(request: ContextRequest) -> Prompt:
         if 0 <= newline < len(window) - 1:
             start += newline + 1
             window = window[newline + 1:]
-    # Lone surrogates (possible in JSON strings) would make the tokenizer raise.
-    window = window.encode("utf-8", "replace").decode("utf-8")
-    healed = ""
-    if len(window) > 1 and window.endswith(HEALABLE):
-        window, healed = window[:-1], window[-1]
-    return Prompt(text=window, healed=healed, start=start)
+    return Prompt(text=clean(window), start=start)
 
 
 build_prompt: Callable[[ContextRequest], Prompt] = plain_window
@@ -82,3 +117,166 @@ def fit_tokens(text: str, encode: Callable[[str], Sequence[int]], budget: int) -
             text = text[newline + 1:]
         ids = list(encode(text))
     return ids[-budget:] if budget > 0 else []
+
+
+def clean(text: str) -> str:
+    """Lone surrogates (possible in JSON strings) would make the tokenizer raise; each becomes one
+    "?", so offsets do not move."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def split_rows(text: str) -> list[str]:
+    """Rows as tree-sitter counts them: broken after each ``\\n`` only, the break kept."""
+    rows = text.split("\n")
+    return [row + "\n" for row in rows[:-1]] + [rows[-1]]
+
+
+def fit_exact(text: str, tokens: Tokens, budget: int) -> tuple[str, list[int]]:
+    """The longest end of ``text`` that starts at a line start (or, for one over-long line, at a
+    character) and encodes to at most ``budget`` tokens; the ids are exactly its encoding."""
+    ids = tokens.encode(text)
+    while len(ids) > budget and text:
+        keep = max(int(len(text) * budget / len(ids) * 0.95), 0)
+        cut = text[len(text) - keep:] if keep else ""
+        newline = cut.find("\n")
+        if 0 <= newline < len(cut) - 1 and newline < len(cut) // 2:
+            cut = cut[newline + 1:]
+        text = cut if len(cut) < len(text) else text[1:]
+        ids = tokens.encode(text)
+    return text, ids
+
+
+# -- the syntax-aware builder ---------------------------------------------------------------------
+
+class ContextBuilder:
+    """Builds prompts; keeps the parse trees and snippet windows between requests (one thread)."""
+
+    def __init__(self) -> None:
+        self.parses = ParseCache()
+        self.snippets = SnippetIndex()
+
+    def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
+        budget = max(int(request.budget_tokens), 1)
+        spec = detect(request.language_id, request.uri)
+        text = request.text
+        offset = max(0, min(request.offset, len(text)))
+        window, outline, lines, row, cursor_text = self._outline(request.uri, text, offset, spec, budget)
+
+        template = fim.resolve(request.fim_template, tokens)
+        suffix, suffix_ids, overhead = "", [], 0
+        if template is not None:
+            overhead = fim.overhead(template, tokens)
+            suffix, suffix_ids = self._suffix(text, offset, tokens, int(budget * SUFFIX_SHARE))
+
+        room = budget - overhead - len(suffix_ids)
+        reserve = (tokens.count(clean(cursor_text)) // RESERVE_STEP + 1) * RESERVE_STEP
+        chosen, snippet_text = self._snippets(request, lines, row, spec, tokens, budget)
+        rows_budget = room - reserve - tokens.count(snippet_text)
+
+        prefix, ids, first_row = "", [], row
+        for _ in range(4):
+            rows = select_rows(outline, lines, tokens.count, max(rows_budget, 0))
+            first_row = min(rows, default=row)
+            prefix = clean(snippet_text + render(rows, lines, first_row, row) + cursor_text)
+            ids = tokens.encode(prefix)
+            if len(ids) <= room:
+                break
+            rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
+        if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
+            prefix, ids = fit_exact(prefix, tokens, max(room, 0))
+
+        healed = ""
+        if request.heal and prefix and (prefix.endswith(HEALABLE) or _WORD_END.search(prefix)):
+            from decoding.healing import back_up
+
+            cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
+            if cut.removed and len(cut.removed) < len(prefix):
+                ids, healed, prefix = cut.ids, cut.removed, prefix[:-len(cut.removed)]
+
+        stops: tuple[str, ...] = ()
+        if template is not None:
+            ids = fim.assemble(template, ids, suffix_ids, tokens)
+            stops = template.stops
+        start = window.start + sum(len(line) for line in lines[:first_row])
+        return Prompt(text=prefix, healed=healed, start=start, ids=tuple(ids), suffix=suffix,
+                      fim=template.name if template else None, stop_strings=stops, language=spec.name,
+                      snippets=tuple(chosen))
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _outline(self, uri: str, text: str, offset: int, spec: LanguageSpec,
+                 budget: int) -> tuple[Window, Outline, list[str], int, str]:
+        """The window around the cursor, its rows, the cursor's row and the text before the cursor
+        on it, and the outline of the rows above (from the syntax tree when there is one).
+
+        The tree is parsed with the cursor's line replaced by its indentation (plus ``pass`` in
+        Python, so that an empty body stays a body): what the user is typing on that line, often
+        unfinished and unbalanced, then cannot reshape the tree, and every keystroke on one line
+        sees the same tree (and the parse cache returns it without parsing).
+        """
+        grammar_ok = spec.module is not None and grammar(spec.name) is not None
+        if grammar_ok:
+            window = window_for(text, offset)
+        elif len(text) > budget * MAX_CHARS_PER_TOKEN * 4:
+            start = max(0, offset - budget * MAX_CHARS_PER_TOKEN * 4)
+            newline = text.find("\n", start, offset)
+            start = newline + 1 if start > 0 and newline >= 0 else start
+            window = Window(start, offset, text.count("\n", 0, start))
+        else:
+            window = Window(0, len(text), 0)
+        local = clean(text[window.start:window.end])  # same length: a lone surrogate becomes "?"
+        cursor = offset - window.start
+        lines = split_rows(local)
+        row = local.count("\n", 0, cursor)
+        line_start = local.rfind("\n", 0, cursor) + 1
+        cursor_text = local[line_start:cursor]
+        if not grammar_ok:
+            return window, text_outline(lines, row), lines, row, cursor_text
+        line_end = local.find("\n", cursor)
+        line_end = len(local) if line_end < 0 else line_end
+        indent = cursor_text[: len(cursor_text) - len(cursor_text.lstrip(" \t"))]
+        placeholder = indent + ("pass" if spec.name == "python" else "")
+        parsed = self.parses.parse(uri or "untitled:", local[:line_start] + placeholder + local[line_end:],
+                                   window, spec.name)
+        if parsed is None:
+            return window, text_outline(lines, row), lines, row, cursor_text
+        col = len(to_bytes(indent))
+        outline = SyntaxOutline(parsed.tree, lines, spec.name).outline(row, col)
+        return window, outline, lines, row, cursor_text
+
+    def _suffix(self, text: str, offset: int, tokens: Tokens, budget: int) -> tuple[str, list[int]]:
+        """The text after the cursor for a FIM prompt: whole lines, nearest first, within budget."""
+        end = offset
+        while end < len(text) and end - offset < budget * MAX_CHARS_PER_TOKEN:
+            newline = text.find("\n", end)
+            end = len(text) if newline < 0 else newline + 1
+        suffix = clean(text[offset:end])
+        ids = tokens.encode(suffix)
+        while len(ids) > budget and suffix:
+            cut = suffix.rstrip("\n").rfind("\n")
+            suffix = suffix[:cut + 1] if cut >= 0 else ""
+            ids = tokens.encode(suffix)
+        return suffix, ids
+
+    def _snippets(self, request: ContextRequest, lines: list[str], row: int, spec: LanguageSpec,
+                  tokens: Tokens, budget: int) -> tuple[list[Snippet], str]:
+        if request.neighbor_snippets <= 0 or not request.others:
+            return [], ""
+        query = "".join(lines[max(0, row - QUERY_LINES):row])
+        nearby = "".join(lines[max(0, row - 200):row])
+        found = self.snippets.choose(query, request.others, request.neighbor_snippets, exclude=nearby)
+        kept, parts, left = [], [], int(budget * SNIPPET_SHARE)
+        for snippet in found:
+            size = snippet.text.count("\n") + 1
+            for lines in range(size, MIN_SNIPPET_LINES - 1, -1):  # cut from its end to fit its share
+                part = clean(render_snippet(snippet, spec.comment, lines))
+                cost = tokens.count(part)
+                if cost <= left:
+                    kept.append(snippet)
+                    parts.append(part)
+                    left -= cost
+                    break
+        return kept, "".join(parts)
+
+
+__all__ = ["ContextBuilder", "ContextRequest", "OpenDocument", "Prompt", "build_prompt", "fit_tokens",
+           "plain_window"]

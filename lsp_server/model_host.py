@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from lsp_server.config import Settings
 from lsp_server.context import Prompt, fit_tokens
+from lsp_server.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Runtime:
     drafter: Any  # decoding.drafters.Drafter | None
     drafter_name: str
     draft_model: Any  # decoding.LoadedModel | None
+    tokens: Any = None  # lsp_server.tokens.Tokens: the target's tokenizer, for building prompts
 
     def drafter_for(self, name: str) -> Any:
         """The drafter named ``name``; built once and kept, because it learns across requests."""
@@ -102,7 +104,9 @@ def load_runtime(settings: Settings) -> Runtime:
         check_draft_compatible(target, draft)
     engine = SpeculativeEngine(target)
     drafter = make_drafter(settings.drafter, draft_model=draft, cost=engine.cost)
-    return Runtime(engine=engine, drafter=drafter, drafter_name=settings.drafter, draft_model=draft)
+    engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
+    return Runtime(engine=engine, drafter=drafter, drafter_name=settings.drafter, draft_model=draft,
+                   tokens=Tokens.for_engine(engine))
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
@@ -179,15 +183,31 @@ class ModelHost:
                                 load_ms=load_ms)
         return self.state
 
-    def generate(self, prompt: Prompt, settings: Settings, stop_at_newline: bool,
-                 should_stop: Callable[[], bool]) -> Any:
-        """Decode on the worker thread; None when no model is loaded (it was unloaded meanwhile)."""
+    def tokens(self) -> Tokens | None:
+        """The loaded model's tokenizer for building prompts (worker thread); None: no model."""
         runtime = self._runtime
         if runtime is None:
+            return None
+        if runtime.tokens is None:
+            runtime.tokens = Tokens.for_engine(runtime.engine)
+        return runtime.tokens
+
+    def generate(self, prompt: Prompt, settings: Settings, stop_at_newline: bool,
+                 should_stop: Callable[[], bool], stop_when: Callable[[str], int | None] | None = None,
+                 tokens: Tokens | None = None) -> Any:
+        """Decode on the worker thread; None when no model is loaded (it was unloaded meanwhile)
+        or when ``prompt`` was tokenized with ``tokens`` of a model replaced since."""
+        runtime = self._runtime
+        if runtime is None or (tokens is not None and tokens is not runtime.tokens):
             return None
         from decoding import GenerationConfig
 
         engine = runtime.engine
-        ids = fit_tokens(prompt.text, engine.encode, settings.context_tokens)
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=stop_at_newline)
+        if prompt.ids is not None:
+            ids = list(prompt.ids)
+        else:
+            ids = fit_tokens(prompt.text, engine.encode, settings.context_tokens)
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=stop_at_newline,
+                                  required_prefix=prompt.healed, stop_strings=prompt.stop_strings,
+                                  stop_when=stop_when)
         return engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop)

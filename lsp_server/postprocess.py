@@ -1,26 +1,58 @@
-"""Turn decoded text into the item's insert text: whole line, no duplicated suffix, never blank.
+"""Turn decoded text into the item's insert text: where it ends, no duplicates, never blank.
 
-Every item replaces the range from the cursor to the end of the line, so its text is what the
-rest of the line should become. The model sees only the text before the cursor, so when the
-user already has text after the cursor (typically closing brackets the editor auto-inserted),
-the suggestion is merged with it rather than inserted in front of it:
+Every item replaces the range from the cursor to the end of the cursor's line, so its text is what
+the rest of the line (and, for a block body, the lines after it) should become. In order:
 
-- the suggestion already contains that text in order (``"a, b)"`` over ``")"``): it replaces it;
-- otherwise the user's text is kept after the suggestion, minus any overlap (``"x)"`` + ``"):"``
-  gives ``"x):"``).
+1. end it: one line, or a block body cut where the block ends (``ending.py``);
+2. brackets: a closing bracket that closes nothing opened before it (in the suggestion or in the
+   code before the cursor) ends the suggestion, so an auto-closed ``)`` is not closed twice;
+3. no repeats: a suggestion that only rewrites the next line of the document is dropped, and a
+   block body stops before a line that repeats the code following the cursor;
+4. the text already after the cursor is merged, not duplicated: when the suggestion contains it in
+   order (``"a, b)"`` over ``")"``, the usual auto-closed brackets and quotes) the item replaces it;
+   otherwise it is kept after the suggestion minus any overlap (``"x)"`` + ``"):"`` gives ``"x):"``);
+5. a multi-line body is indented the way the document is (tabs or spaces);
+6. nothing empty, blank, or equal to what is already there.
+
+``line_item_text`` keeps the server's original signature for one-line items.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
+from lsp_server import ending as endings
+from lsp_server.ending import Ending
+from lsp_server.languages import LanguageSpec
+
 REPLACEMENT_CHAR = "\ufffd"  # what a token that splits a UTF-8 sequence decodes to
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+CLOSERS = {v: k for k, v in OPENERS.items()}
+CLOSING_ONLY = set(")]}\"'`>;, \t")
+SCAN_CHARS = 4000  # how much code before the cursor is scanned for unclosed brackets
+_WORDY = re.compile(r"\w")
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What post-processing knows about the cursor (taken on the event loop, before decoding)."""
+
+    before: str = ""  # the cursor's line before the cursor
+    after: str = ""  # the cursor's line after the cursor, without its line break
+    next_line: str = ""  # the next non-blank line below the cursor's line ("" at the end)
+    open_brackets: str = ""  # openers still unclosed before the cursor, innermost last
+    ending: Ending = field(default_factory=Ending)
+    indent_unit: str = ""  # the document's indentation step ("\t", "    "); "" unknown
 
 
 def clean_decoded(text: str, healed: str = "", multiline: bool = False) -> str | None:
-    """The usable part of a decode: the held-back prefix checked and removed, one line unless
-    ``multiline``, no trailing whitespace or broken characters. None: nothing usable."""
+    """The usable part of a decode: one line unless ``multiline``, no trailing whitespace or
+    broken characters. ``healed`` is for callers whose engine did not remove the required
+    prefix itself. None: nothing usable."""
     if healed:
         if not text.startswith(healed):
-            return None  # the model did not continue the way the user's whitespace requires
+            return None
         text = text[len(healed):]
     if not multiline:
         text = text.split("\n", 1)[0].split("\r", 1)[0]
@@ -43,10 +75,130 @@ def merge_with_suffix(suggestion: str, after: str) -> str:
     return suggestion + tail[overlap:]
 
 
+def only_closers(after: str) -> bool:
+    """Whether the rest of the line is only closing brackets, quotes and separators (what an
+    editor auto-inserts), which the item then replaces instead of repeating."""
+    return bool(after.strip()) and set(after) <= CLOSING_ONLY
+
+
+def unclosed_brackets(code: str, comment: str = "#") -> str:
+    """Openers left unclosed at the end of ``code``, innermost last. Strings are skipped within a
+    line, comments to the end of the line; good enough for the few lines before a cursor."""
+    stack: list[str] = []
+    for line in code.split("\n"):
+        quote = ""
+        i = 0
+        while i < len(line):
+            ch = line[i]
+            if quote:
+                if ch == "\\":
+                    i += 1
+                elif ch == quote:
+                    quote = ""
+            elif comment and line.startswith(comment, i):
+                break
+            elif ch in "\"'`":
+                quote = ch
+            elif ch in OPENERS:
+                stack.append(ch)
+            elif ch in CLOSERS and stack and stack[-1] == CLOSERS[ch]:
+                stack.pop()
+            i += 1
+    return "".join(stack)
+
+
+def balance(text: str, open_brackets: str) -> str:
+    """``text`` up to the first closing bracket that closes nothing (it would duplicate one the
+    editor already has, or close a block the suggestion is not in)."""
+    stack = list(open_brackets)
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote or ch == "\n":
+                quote = ""
+        elif ch in "\"'`":
+            quote = ch
+        elif ch in OPENERS:
+            stack.append(ch)
+        elif ch in CLOSERS:
+            if stack and stack[-1] == CLOSERS[ch]:
+                stack.pop()
+            else:
+                return text[:i].rstrip()
+        i += 1
+    return text
+
+
+def reindent(text: str, unit: str) -> str:
+    """Leading whitespace of every line after the first in the document's style."""
+    if not unit or "\n" not in text:
+        return text
+    lines = text.split("\n")
+    out = [lines[0]]
+    for line in lines[1:]:
+        body = line.lstrip(" \t")
+        lead = line[: len(line) - len(body)]
+        if unit == "\t" and " " in lead:
+            width = len(lead.expandtabs(4))
+            lead = "\t" * (width // 4) + " " * (width % 4)
+        elif unit != "\t" and "\t" in lead:
+            lead = lead.expandtabs(len(unit))
+        out.append(lead + body)
+    return "\n".join(out)
+
+
+def drop_repeats(text: str, situation: Situation) -> str | None:
+    """Without what merely repeats the code below the cursor. None: the whole suggestion does."""
+    following = situation.next_line.strip()
+    if not following:
+        return text
+    if "\n" not in text:
+        if not situation.after.strip() and (situation.before + text).strip() == following:
+            return None  # the line being written is the next line again
+        return text
+    if not _WORDY.search(following):
+        return text  # a lone "}" below is not something the body repeats
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if i > 0 and line.strip() == following:
+            return "\n".join(lines[:i]).rstrip()
+    return text
+
+
+def finish(decoded: str, situation: Situation) -> str | None:
+    """The insert text for the range cursor..end of line, or None when there is nothing to offer."""
+    ending = situation.ending
+    multiline = ending.multiline and not situation.after.strip()
+    text = decoded.replace("\r\n", "\n")
+    if multiline:
+        cut = ending.cut(text)
+        text = text[:cut] if cut is not None else text
+        text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
+        if ending.from_header and not text.startswith("\n"):
+            return None  # a body must start on a new line
+    else:
+        text = text.split("\n", 1)[0].split("\r", 1)[0]
+    text = text.rstrip().rstrip(REPLACEMENT_CHAR).rstrip()
+    text = balance(text, situation.open_brackets)
+    if not text.strip():
+        return None
+    deduped = drop_repeats(text, situation)
+    if deduped is None or not deduped.strip():
+        return None
+    text = reindent(deduped, situation.indent_unit) if multiline else deduped
+    text = merge_with_suffix(text, situation.after)
+    if not text.strip() or text == situation.after or text.rstrip() == situation.after.rstrip():
+        return None
+    return text
+
+
 def line_item_text(decoded: str, after: str, healed: str = "", multiline: bool = False) -> str | None:
-    """The insert text for the range cursor..end of line, or None when there is nothing to offer
-    (an empty or blank suggestion, or one that leaves the line as it is)."""
-    multiline = multiline and not after.strip()  # several lines only where the line's rest is blank
+    """The one-line (or, with ``multiline``, any-length) insert text; the original interface."""
+    multiline = multiline and not after.strip()
     suggestion = clean_decoded(decoded, healed, multiline)
     if suggestion is None:
         return None
@@ -54,3 +206,59 @@ def line_item_text(decoded: str, after: str, healed: str = "", multiline: bool =
     if not text.strip() or text == after or text.rstrip() == after.rstrip():
         return None
     return text
+
+
+def indent_unit(text: str, offset: int, scan: int = 20_000) -> str:
+    """The document's indentation step, from the lines before the cursor: a tab, or the most
+    common positive difference between consecutive indentations (in spaces)."""
+    chunk = text[max(0, offset - scan):offset]
+    tabs = spaces = 0
+    steps: dict[int, int] = {}
+    previous = 0
+    for line in chunk.split("\n")[1:]:
+        body = line.lstrip(" \t")
+        if not body:
+            continue
+        lead = line[: len(line) - len(body)]
+        if lead.startswith("\t"):
+            tabs += 1
+        elif lead.startswith(" "):
+            spaces += 1
+            width = len(lead)
+            if width > previous:
+                steps[width - previous] = steps.get(width - previous, 0) + 1
+        previous = len(lead.expandtabs(4))
+    if tabs > spaces:
+        return "\t"
+    if not steps:
+        return ""
+    return " " * max(steps, key=lambda k: (steps[k], -k))
+
+
+def situation_for(text: str, offset: int, before: str, after: str, spec: LanguageSpec,
+                  multiline: str = "auto", max_lines: int = 12) -> Situation:
+    """Everything post-processing needs, from the lines around the cursor only (cheap enough for
+    the event loop, whatever the document's size)."""
+    end = endings.decide(text, offset, before, after, spec, multiline, max_lines)
+    below = text.find("\n", offset)
+    return Situation(
+        before=before, after=after,
+        next_line=next_code_line(text, below + 1) if below >= 0 else "",
+        open_brackets=unclosed_brackets(text[max(0, offset - SCAN_CHARS):offset], spec.comment),
+        ending=end, indent_unit=indent_unit(text, offset) if end.multiline else "")
+
+
+def next_code_line(text: str, start: int, scan: int = 50) -> str:
+    """The first non-blank line at or after ``start`` (within ``scan`` lines), without its break."""
+    pos = start
+    for _ in range(scan):
+        if pos >= len(text):
+            return ""
+        end = text.find("\n", pos)
+        line = text[pos:] if end < 0 else text[pos:end]
+        if line.strip():
+            return line.rstrip("\r")
+        if end < 0:
+            return ""
+        pos = end + 1
+    return ""

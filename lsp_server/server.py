@@ -43,7 +43,8 @@ class CompletionServer(LanguageServer):
         self.stats = ServerStats()
         self.host = ModelHost()
         self.scheduler = Scheduler()
-        self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings)
+        self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings,
+                                         lambda: self.workspace.text_documents.values())
         self.is_initialized = False
         self.shutdown_requested = False
         self.exit_code: int | None = None

@@ -95,7 +95,9 @@ async def test_a_newer_invoked_request_stops_the_running_decode(client):
     before = await h.stats(client)
     pending = []
     for i in range(20):
-        h.edit(client, uri, i + 2, (0, 8 + i), (0, 9 + i), f"{i % 10}{i % 7}")
+        # Symbols, not word characters: a request that is handled after the next edit arrived
+        # must still decode (and be superseded), not stop early as a mid-word position.
+        h.edit(client, uri, i + 2, (0, 8 + i), (0, 9 + i), "+-*/"[i % 4] + "%")
         pending.append(client.text_document_inline_completion_async(h.inline_params(0, 10 + i, uri)))
         await asyncio.sleep(0.02)
     answers = await asyncio.wait_for(asyncio.gather(*pending), h.ANSWER_TIMEOUT_S)

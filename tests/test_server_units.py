@@ -41,7 +41,8 @@ def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
     ("maxNewTokens", 0), ("maxNewTokens", "64"), ("maxNewTokens", 2.5), ("maxNewTokens", True),
     ("contextTokens", 10**9), ("debounceMs", -1), ("timeBudgetMs", None), ("enabled", "yes"),
     ("drafter", "fast"), ("device", "tpu"), ("dtype", "int4"), ("model", ""), ("model", 3),
-    ("draftModel", 5), ("multiline", 1),
+    ("draftModel", 5), ("multiline", 1), ("multiline", "sometimes"), ("maxLines", 0), ("fimTemplate", "gpt"),
+    ("neighborSnippets", 11), ("tokenHealing", "on"),
 ])
 def test_a_bad_value_keeps_the_current_one_and_says_why(key, value):
     current = config.Settings(max_new_tokens=33, enabled=False)
@@ -74,7 +75,26 @@ def test_the_model_drafter_needs_a_draft_model():
 def test_to_lsp_uses_the_documented_names():
     assert set(config.Settings().to_lsp()) == {
         "model", "draftModel", "drafter", "device", "dtype", "maxNewTokens", "contextTokens", "debounceMs",
-        "timeBudgetMs", "enabled", "multiline"}
+        "timeBudgetMs", "enabled", "multiline", "maxLines", "fimTemplate", "neighborSnippets", "tokenHealing"}
+
+
+def test_the_context_setting_names_match_their_modules():
+    from lsp_server import ending, fim
+
+    assert config.MULTILINE_MODES == ending.MULTILINE_MODES
+    assert config.FIM_STYLES == fim.SETTING_NAMES
+
+
+def test_multiline_takes_a_mode_or_the_old_booleans_and_fim_a_style_or_a_template():
+    layered = config.layer(config.Settings(), config.Settings(), {"multiline": True})
+    assert layered.settings.multiline == "always" and not layered.problems
+    layered = config.layer(config.Settings(), config.Settings(), {"multiline": False})
+    assert layered.settings.multiline == "never"
+    assert config.Settings().multiline == "auto"
+    custom = "<PRE>{prefix}<SUF>{suffix}<MID>"
+    layered = config.layer(config.Settings(), config.Settings(), {"fimTemplate": custom})
+    assert layered.settings.fim_template == custom
+    assert config.layer(config.Settings(), config.Settings(), {"fimTemplate": "<PRE>{prefix}"}).problems
 
 
 # -- prompt -----------------------------------------------------------------------------------------
@@ -87,15 +107,6 @@ def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
     assert prompt.text.startswith("line ") and text[prompt.start - 1] == "\n"
     short = plain_window(ContextRequest(text="x = 1\ny", offset=7, budget_tokens=100))
     assert short.text == "x = 1\ny" and short.start == 0
-
-
-def test_one_trailing_space_or_tab_is_held_back_for_healing():
-    prompt = plain_window(ContextRequest("    return ", 11, 100))
-    assert (prompt.text, prompt.healed) == ("    return", " ")
-    prompt = plain_window(ContextRequest("x = 1\n        ", 14, 100))
-    assert (prompt.text, prompt.healed) == ("x = 1\n       ", " ")
-    assert plain_window(ContextRequest("a\n\t", 3, 100)).healed == "\t"
-    assert plain_window(ContextRequest("x = 1", 5, 100)).healed == ""
 
 
 def test_lone_surrogates_do_not_reach_the_tokenizer():

@@ -1,0 +1,326 @@
+"""The prompt: golden cases per language, the budget, FIM, snippets, parsing, bad input.
+
+These use the real SmolLM2 tokenizer (no model weights), so token counts are the real ones.
+"""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+from pathlib import Path
+
+import pytest
+from lsprotocol import types
+from pygls.workspace import PositionCodec
+from transformers import AutoTokenizer
+
+from lsp_server import fim, postprocess
+from lsp_server.context import ContextBuilder, ContextRequest, split_rows
+from lsp_server.documents import LspTextDocument, locate
+from lsp_server.languages import detect, grammar
+from lsp_server.snippets import OpenDocument, SnippetIndex
+from lsp_server.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
+from lsp_server.tokens import Tokens
+from tests.golden_cases import CASES, Golden
+from tests.lsp_helpers import tokenizer_source
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(tokenizer_source()))
+
+
+@pytest.fixture(scope="module")
+def tokens(tokenizer):
+    return Tokens.from_tokenizer(tokenizer)
+
+
+def at_marker(source: str) -> tuple[str, int]:
+    return source.replace("‸", ""), source.index("‸")
+
+
+def position(text: str, offset: int) -> types.Position:
+    line = text.count("\n", 0, offset)
+    start = text.rfind("\n", 0, offset) + 1
+    return types.Position(line, len(text[start:offset].encode("utf-16-le")) // 2)
+
+
+def item_for(text: str, offset: int, decoded: str, uri: str = "file:///t.py", language_id: str | None = None,
+             multiline: str = "auto", max_lines: int = 12) -> tuple[str | None, tuple[int, int, int]]:
+    """What the server answers for ``decoded`` at ``offset``: the insert text and its range."""
+    cursor = locate(LspTextDocument(uri, text, position_codec=PositionCodec()), position(text, offset))
+    situation = postprocess.situation_for(text, cursor.offset, cursor.before, cursor.after,
+                                          detect(language_id, uri), multiline, max_lines)
+    return postprocess.finish(decoded, situation), (cursor.line, cursor.character, cursor.end_character)
+
+
+# -- golden cases -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.uri.rsplit("/", 1)[-1])
+def test_golden_prompt_and_item(case: Golden, tokens):
+    text, offset = at_marker(case.source)
+    prompt = ContextBuilder().build(ContextRequest(text, offset, case.budget, uri=case.uri), tokens)
+    assert prompt.text + "⟨" + prompt.healed + "⟩" == case.prompt
+    assert len(prompt.ids) <= case.budget
+    assert prompt.language == detect(None, case.uri).name != "text"
+    item, where = item_for(text, offset, case.decoded, case.uri)
+    assert item == case.item
+    assert where == case.range
+
+
+def test_the_enclosing_headers_stay_and_distant_definitions_go_whole(tokens):
+    text, offset = at_marker(CASES[0].source)
+    prompt = ContextBuilder().build(ContextRequest(text, offset, 120, uri="file:///w/cache.py"), tokens)
+    assert "class Cache:" in prompt.text and "def put(self, key, value):" in prompt.text
+    assert "def load(path):" not in prompt.text and "json.load(f)" not in prompt.text  # dropped whole
+    assert "def get(self, key):" not in prompt.text and "move_to_end(key)\n        return" not in prompt.text
+    roomy = ContextBuilder().build(ContextRequest(text, offset, 2000, uri="file:///w/cache.py"), tokens)
+    assert roomy.text + roomy.healed == text[:offset]  # a budget that fits everything keeps everything
+
+
+# -- the budget ---------------------------------------------------------------------------------------
+
+
+def stdlib_sample(count: int, seed: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    files = sorted(p for p in (STDLIB / "json").glob("*.py")) + [STDLIB / "argparse.py", STDLIB / "typing.py"]
+    out = []
+    for _ in range(count):
+        text = rng.choice(files).read_text()
+        out.append((text, rng.randrange(len(text) + 1)))
+    return out
+
+
+@pytest.mark.parametrize("budget", [16, 48, 200, 512])
+def test_never_over_budget_never_a_cut_token(tokens, budget):
+    builder = ContextBuilder()
+    for text, offset in stdlib_sample(25, budget) + [("", 0), ("x", 0), ("x", 1), ("def f():\n", 9)]:
+        prompt = builder.build(ContextRequest(text, offset, budget, uri="file:///lib.py"), tokens)
+        ids = list(prompt.ids)
+        assert len(ids) <= budget
+        assert tokens.decode(ids) == prompt.text  # the ids are exactly the prompt's text
+        line = text[text.rfind("\n", 0, offset) + 1:offset]
+        if tokens.count(line) < budget // 2:
+            assert (prompt.text + prompt.healed).endswith(line)  # it ends at the cursor
+        whole = tokens.encode(prompt.text + prompt.healed)
+        assert whole[: len(ids)] == ids  # healing removed whole tokens from the end, nothing else
+
+
+def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
+    text = (STDLIB / "json" / "encoder.py").read_text()
+    start = text.index("            if isinstance(value, str):")
+    line = text[start:text.index("\n", start)]
+    builder = ContextBuilder()
+    previous = None
+    for k in range(len("            "), len(line) + 1):
+        document = text[:start] + line[:k] + text[start + len(line):]
+        request = ContextRequest(document, start + k, 512, uri="file:///encoder.py")
+        ids = list(builder.build(request, tokens).ids)
+        if previous is not None:
+            shared = next((i for i, (a, b) in enumerate(zip(previous, ids, strict=False)) if a != b),
+                          min(len(previous), len(ids)))
+            assert shared >= len(previous) - 12  # only the cursor's line (and the healed token) moves
+        previous = ids
+    assert builder.parses.full_parses == 1  # the cursor line is blanked for parsing: one tree for all
+
+
+# -- token healing in the prompt ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("before", "healed"), [
+    ("    yield from _iterencode_dic", "dic"),
+    ("x = 1\n        ", "\n        "),
+    ("    return ", " "),
+    ("call(", ""),  # after punctuation: nothing to heal
+    ("name = 'café", "é"),
+])
+def test_what_is_backed_up(tokens, before, healed):
+    prompt = ContextBuilder().build(ContextRequest(before, len(before), 256, uri="file:///h.py"), tokens)
+    assert prompt.healed == healed and prompt.text + prompt.healed == before
+    request = ContextRequest(before, len(before), 256, uri="file:///h.py", heal=False)
+    unhealed = ContextBuilder().build(request, tokens)
+    assert unhealed.healed == "" and unhealed.text == before
+
+
+def test_non_ascii_before_the_cursor(tokens):
+    text = "# Grüße 😀 日本語\ndef größe(wert):\n    return wert * 2  # ½\n\nprint(größe(3), '→ é"
+    prompt = ContextBuilder().build(ContextRequest(text, len(text), 128, uri="file:///u.py"), tokens)
+    assert prompt.text + prompt.healed == text and len(prompt.ids) <= 128
+    assert tokens.decode(list(prompt.ids)) == prompt.text
+    item, where = item_for(text + "')", len(text), "', 1)\n")
+    assert item == "', 1)" and where == (4, 20, 22)  # UTF-16 columns: 😀-free line, ö and → count 1
+
+
+# -- fill-in-the-middle -------------------------------------------------------------------------------
+
+
+FIM_TOKENS = {
+    "starcoder": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>"],
+    "qwen": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|file_sep|>"],
+    "deepseek": ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
+    "codellama": ["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"],
+}
+
+
+@pytest.fixture(scope="module")
+def fim_tokenizers():
+    out = {}
+    for style, specials in FIM_TOKENS.items():
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_source()))
+        tok.add_special_tokens({"additional_special_tokens": specials})
+        out[style] = tok
+    return out
+
+
+@pytest.mark.parametrize("style", list(FIM_TOKENS))
+def test_fim_prompts_for_tokenizers_with_fim_tokens(fim_tokenizers, style):
+    tok = fim_tokenizers[style]
+    tokens = Tokens.from_tokenizer(tok)
+    text = "def area(r):\n    return 3.14 * r\n\n\ndef perimeter(r):\n    return \n\n\nprint(area(2))\n"
+    offset = text.index("    return \n") + len("    return")
+    prompt = ContextBuilder().build(ContextRequest(text, offset, 200, uri="file:///geo.py"), tokens)
+    assert prompt.fim == style and fim.resolve("auto", tokens).name == style
+    template = fim.STYLES[style]
+    ids = list(prompt.ids)
+    marker_ids = [tokens.special_id(m) for m in fim._markers(template.template)]
+    positions = [ids.index(m) for m in marker_ids]
+    assert positions == sorted(positions) and positions[0] == 0 and positions[-1] == len(ids) - 1
+    assert prompt.text + prompt.healed == text[:offset] and prompt.suffix == text[offset:]
+    decoded = tok.decode(ids)
+    assert prompt.healed == " return" and prompt.text in decoded and "print(area(2))" in decoded
+    assert len(ids) <= 200 and set(prompt.stop_strings) >= {template.stops[0]}
+
+
+def test_fim_can_be_turned_off_or_given_as_a_template(fim_tokenizers):
+    tokens = Tokens.from_tokenizer(fim_tokenizers["starcoder"])
+    text, offset = "a = 1\nb = \nc = 3\n", len("a = 1\nb =")
+    off = ContextBuilder().build(ContextRequest(text, offset, 100, fim_template="none"), tokens)
+    assert off.fim is None and off.ids == tuple(tokens.encode("a = 1\nb ="))
+    custom = "<fim_suffix>{suffix}<fim_prefix>{prefix}<fim_middle>"  # suffix first (SPM)
+    spm = ContextBuilder().build(ContextRequest(text, offset, 100, fim_template=custom, heal=False), tokens)
+    ids = list(spm.ids)
+    assert ids[0] == tokens.special_id("<fim_suffix>") and ids[-1] == tokens.special_id("<fim_middle>")
+    assert tokens.decode(ids) == "<fim_suffix> \nc = 3\n<fim_prefix>a = 1\nb =<fim_middle>"
+    plain = Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(tokenizer_source())))
+    assert fim.resolve("auto", plain) is None  # SmolLM2 itself has no FIM tokens
+
+
+def test_a_fim_prompt_heals_the_prefix_and_keeps_the_budget(fim_tokenizers):
+    tokens = Tokens.from_tokenizer(fim_tokenizers["qwen"])
+    text = "\n".join(f"value_{i} = compute({i})" for i in range(300)) + "\nresult = comp\n" + "x = 1\n" * 300
+    offset = text.index("result = comp") + len("result = comp")
+    prompt = ContextBuilder().build(ContextRequest(text, offset, 128, uri="file:///big.py"), tokens)
+    assert prompt.healed and "result = comp".endswith(prompt.healed) and len(prompt.ids) <= 128
+    assert list(prompt.ids)[-1] == tokens.special_id("<|fim_middle|>")
+
+
+# -- snippets from other open documents -------------------------------------------------------------------
+
+
+HELPERS = """import math
+
+
+def circle_area(radius):
+    return math.pi * radius ** 2
+
+
+def circle_perimeter(radius):
+    return 2 * math.pi * radius
+
+
+def square_area(side):
+    return side * side
+"""
+
+
+def test_similar_code_from_another_open_document_comes_first_as_comments(tokens):
+    text = ("from helpers import circle_area\n\n\ndef report(radius):\n    area = circle_area(radius)\n"
+            "    perimeter = ")
+    others = (OpenDocument("file:///w/helpers.py", HELPERS),
+              OpenDocument("file:///w/notes.txt", "lunch at noon\n" * 30))
+    request = ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others)
+    prompt = ContextBuilder().build(request, tokens)  # a 12-line window is cut to fit its share
+    assert prompt.snippets and prompt.snippets[0].uri == "file:///w/helpers.py"
+    assert prompt.text.startswith("# Compare this snippet from w/helpers.py:\n# import math\n")
+    assert "# def circle_area(radius):" in prompt.text and "lunch" not in prompt.text
+    assert prompt.text.endswith("    perimeter =") and len(prompt.ids) <= 256
+    request = ContextRequest(text, len(text), 1024, uri="file:///w/main.py", others=others)
+    roomy = ContextBuilder().build(request, tokens)
+    assert "# def circle_perimeter(radius):" in roomy.text
+    none = ContextBuilder().build(ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others,
+                                                 neighbor_snippets=0), tokens)
+    assert not none.snippets and not none.text.startswith("#")
+
+
+def test_snippets_are_deduplicated():
+    index = SnippetIndex()
+    query = "area = circle_area(radius)\nperimeter = circle_perimeter(radius)"
+    docs = [OpenDocument("file:///a.py", HELPERS), OpenDocument("file:///b.py", HELPERS)]
+    chosen = index.choose(query, docs, 3)
+    texts = [c.text for c in chosen]
+    assert len(texts) == len(set(texts)) and len(chosen) >= 1
+    assert index.choose(query, docs, 3, exclude=HELPERS) == []  # already in the prompt
+
+
+# -- parsing --------------------------------------------------------------------------------------------
+
+
+def test_incremental_reparse_gives_the_same_tree_as_a_fresh_parse():
+    text = (STDLIB / "argparse.py").read_text()
+    cache = ParseCache()
+    window = window_for(text, len(text) // 2)
+    first = cache.parse("file:///a.py", text, window, "python")
+    assert first is not None and not first.incremental
+    edited = text[: len(text) // 2] + "x = [1, 2,\n" + text[len(text) // 2:]
+    again = cache.parse("file:///a.py", edited, window_for(edited, len(text) // 2), "python")
+    fresh = ParseCache().parse("file:///b.py", edited, window_for(edited, len(text) // 2), "python")
+    assert again.incremental and str(again.tree.root_node) == str(fresh.tree.root_node)
+    assert cache.full_parses == 1 and cache.incremental_parses == 1
+
+
+def test_languages_from_the_id_then_the_extension_then_plain_text():
+    assert detect("typescriptreact", "file:///a.py").name == "tsx"
+    assert detect(None, "file:///w/x.rs").name == "rust" and detect("", "file:///w/X.JAVA").name == "java"
+    assert detect("cobol", "file:///w/a.cob").name == "text" and detect(None, "untitled:1").name == "text"
+    assert detect(None, "file:///w/a%20b.hpp").name == "cpp"
+    for name in ("python", "javascript", "typescript", "tsx", "go", "rust", "java", "c", "cpp"):
+        assert grammar(name) is not None, name
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "offset", "uri", "language_id"), [
+    ("", 0, "file:///e.py", "python"),
+    ("def f():\n    return 1\n", 0, "file:///s.py", "python"),  # cursor at 0
+    ("def f():\n    return 1\n", 22, "file:///s.py", "python"),  # at the end
+    ("\x00\xff\ufffd\ud800 garbage \x1b[0m\n" * 50, 300, "file:///bin.py", "python"),  # junk, lone surrogate
+    (bytes(range(256)).decode("latin-1") * 20, 2000, "file:///bin.c", "c"),
+    ("some prose\n\nmore prose and so on", 20, "file:///notes.unknown", "made-up-language"),
+    ("{" * 3000 + "x", 3001, "file:///deep.js", "javascript"),  # deep nesting
+    ("x" * 100_000, 50_000, "file:///long.ts", None),  # one huge line
+])
+def test_bad_input_never_crashes_and_keeps_the_budget(tokens, text, offset, uri, language_id):
+    request = ContextRequest(text, offset, 64, uri=uri, language_id=language_id)
+    prompt = ContextBuilder().build(request, tokens)
+    assert len(prompt.ids) <= 64
+    assert tokens.decode(list(prompt.ids)) == prompt.text
+
+
+def test_a_10_mb_document_is_parsed_in_a_window(tokens):
+    block = "".join(f"def function_{i}(value):\n    return value * {i}\n\n" for i in range(200))
+    text = block * (10_000_000 // len(block) + 1)
+    builder = ContextBuilder()
+    prompt = builder.build(ContextRequest(text, len(text), 512, uri="file:///huge.py"), tokens)
+    assert len(prompt.ids) <= 512 and len(text) > 20 * FULL_PARSE_CHARS
+    (entry,) = builder.parses._entries.values()
+    assert len(entry.source) < 2 * FULL_PARSE_CHARS  # a window, not 10 MB
+    assert prompt.text.endswith("return value * 199\n\n")
+
+
+def test_split_rows_breaks_at_newlines_only():
+    assert split_rows("a\r\nb\x0cc\n") == ["a\r\n", "b\x0cc\n", ""]
+    assert Window(0, 0, 0).start == 0
