@@ -109,16 +109,24 @@ def _covered(text: str, prefix: str) -> int:
     return min(len(prefix), len(text))  # still inside it (or a tokenizer that normalizes text)
 
 
-def _constrain(logits: torch.Tensor, heal: PrefixConstraint | None) -> torch.Tensor:
+def _constrain(logits: torch.Tensor, heal: PrefixConstraint | None,
+               masks: dict[bytes, torch.Tensor]) -> torch.Tensor:
     """While healing, row 0 (the only row: no drafts then) keeps only tokens consistent with the
-    required text and the others become -inf. Nothing allowed: the constraint is marked failed."""
+    required text and the others become -inf. Nothing allowed: the constraint is marked failed.
+    ``masks`` caches the index tensors (the token after a healed space allows most of the
+    vocabulary)."""
     if heal is None or not heal.active:
         return logits
-    allowed = heal.allowed()
-    if not allowed:
-        heal.failed = True
-        return logits
-    index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+    index = masks.get(heal.key)
+    if index is None or index.device != logits.device:
+        allowed = heal.allowed()
+        if not allowed:
+            heal.failed = True
+            return logits
+        index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+        if len(masks) > 64:
+            masks.clear()
+        masks[heal.key] = index
     masked = torch.full_like(logits[:1], float("-inf"))
     masked[0, index] = logits[0, index]
     return torch.cat([masked, logits[1:]]) if logits.shape[0] > 1 else masked
@@ -138,6 +146,7 @@ class SpeculativeEngine:
     def __init__(self, target: LoadedModel, cost: CostModel | None = None) -> None:
         self.target = target
         self.cost = cost or CostModel.for_device(target.device.type)
+        self._healing_masks: dict[bytes, torch.Tensor] = {}
 
     @functools.cached_property
     def healing_index(self) -> HealingIndex:
@@ -250,7 +259,8 @@ class SpeculativeEngine:
 
         started = time.perf_counter()
         cache = DynamicCache(config=self.target.model.config)
-        generated = [choose(_constrain(self._forward(prompt, cache, last_only=True)[-1:], heal)[-1])]
+        masks = self._healing_masks
+        generated = [choose(_constrain(self._forward(prompt, cache, last_only=True)[-1:], heal, masks)[-1])]
         if heal is not None:
             heal.advance(generated[0])
         stats.target_passes = 1
@@ -269,7 +279,7 @@ class SpeculativeEngine:
             if drafter is not None and remaining > 1 and not (heal is not None and heal.active):
                 draft = drafter.propose(prompt + generated, min(remaining - 1, config.max_draft_tokens))
             pass_started = time.perf_counter()
-            logits = _constrain(self._forward([generated[-1]] + draft.tokens, cache), heal)
+            logits = _constrain(self._forward([generated[-1]] + draft.tokens, cache), heal, masks)
             if sampling.greedy:
                 verdict = greedy_accept(draft.tokens, logits)
             else:

@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 MAX_BACKUP_TOKENS = 3  # only to step over a character split between tokens
+BLANK = (b" ", b"\t", b"\n", b"\r")
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -122,8 +123,15 @@ def token_bytes_table(tokenizer: Any, vocab_size: int | None = None) -> list[byt
 
 
 def prefix_compatible(token: bytes, remaining: bytes) -> bool:
-    """A token may come next while ``remaining`` is still owed: one must be a prefix of the other."""
-    return bool(token) and (token.startswith(remaining) or remaining.startswith(token))
+    """A token may come next while ``remaining`` is still owed: one must be a prefix of the other,
+    and past a final whitespace character of ``remaining`` it must not go on with another one."""
+    if not token:
+        return False
+    if remaining.startswith(token):
+        return True
+    if not token.startswith(remaining):
+        return False
+    return not (remaining[-1:] in BLANK and token[len(remaining):len(remaining) + 1] in BLANK)
 
 
 @dataclass
@@ -137,6 +145,7 @@ class HealingIndex:
     _sorted: list[bytes] = field(init=False, repr=False)
     _sorted_ids: list[int] = field(init=False, repr=False)
     _cache: dict[bytes, tuple[int, ...]] = field(init=False, repr=False, default_factory=dict)
+    _non_blank: tuple[int, ...] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self._by_bytes = {}
@@ -153,7 +162,12 @@ class HealingIndex:
         return cls(token_bytes_table(tokenizer, vocab_size))
 
     def allowed(self, remaining: bytes) -> tuple[int, ...]:
-        """Every token id whose bytes are prefix-compatible with ``remaining`` (sorted)."""
+        """Every token id whose bytes are prefix-compatible with ``remaining`` (sorted).
+
+        When ``remaining`` ends in whitespace (the user's indentation, the space they typed, a
+        line break), a token that goes past it must not go on with more: the user's whitespace
+        is final, and a model fond of 4-space indents would otherwise turn two typed spaces into
+        six, or write a blank line."""
         if not remaining:
             return ()
         hit = self._cache.get(remaining)
@@ -163,15 +177,25 @@ class HealingIndex:
         for k in range(1, min(len(remaining), self._longest) + 1):
             ids.update(self._by_bytes.get(remaining[:k], ()))
         start = bisect.bisect_left(self._sorted, remaining)
+        final_blank = remaining[-1:] in BLANK
         for j in range(start, len(self._sorted)):
-            if not self._sorted[j].startswith(remaining):
+            token = self._sorted[j]
+            if not token.startswith(remaining):
                 break
+            if final_blank and token[len(remaining):len(remaining) + 1] in BLANK:
+                continue
             ids.add(self._sorted_ids[j])
         out = tuple(sorted(ids))
         if len(self._cache) > 256:
             self._cache.clear()
         self._cache[remaining] = out
         return out
+
+    def starting_non_blank(self) -> tuple[int, ...]:
+        """Every token that does not start with whitespace (what may follow the user's)."""
+        if self._non_blank is None:
+            self._non_blank = tuple(i for i, b in enumerate(self.table) if b and b[:1] not in BLANK)
+        return self._non_blank
 
     def extendable(self, token_id: int) -> bool:
         """Whether another token starts with this one's bytes (then a healed prompt can pick it)."""
@@ -182,8 +206,11 @@ class HealingIndex:
 class PrefixConstraint:
     """The state of one healed generation: how much of the required text is still owed.
 
-    ``active`` while some of it is owed; then only ``allowed()`` tokens may be chosen (the engine
-    masks the target's logits and does not speculate). ``advance`` records each chosen token.
+    ``active`` while some of it is owed, and, when it ends in whitespace at a token boundary, for
+    the one token after it, which must not start with more whitespace (the user's spaces,
+    indentation or line break are final: an empty or over-indented line is never what they
+    meant). While active only ``allowed()`` tokens may be chosen (the engine masks the target's
+    logits and does not speculate); ``advance`` records each chosen token.
     """
 
     def __init__(self, index: HealingIndex, required: str) -> None:
@@ -191,20 +218,35 @@ class PrefixConstraint:
         self.required = required.encode("utf-8")
         self.produced = 0  # bytes of the required text covered so far
         self.failed = False  # set by the engine when no token could continue the required text
+        self._after = self.required[-1:] in BLANK  # one more token to check once it is written
 
     @property
     def active(self) -> bool:
-        return self.produced < len(self.required)
+        return self.produced < len(self.required) or (self._after and self.produced == len(self.required))
+
+    @property
+    def key(self) -> bytes:
+        """What ``allowed()`` depends on (the remaining text; empty for the token after it)."""
+        return self.required[self.produced:]
 
     def allowed(self) -> tuple[int, ...]:
-        return self.index.allowed(self.required[self.produced:]) if self.active else ()
+        if not self.active:
+            return ()
+        if self.produced == len(self.required):
+            return self.index.starting_non_blank()
+        return self.index.allowed(self.required[self.produced:])
 
     def advance(self, token_id: int) -> None:
         if not self.active:
             return
         b = self.index.table[token_id] if 0 <= token_id < len(self.index.table) else None
+        if self.produced == len(self.required):
+            self._after = False  # the token after the required text: checked, done
+            return
         # A token the constraint did not allow (only possible when nothing was allowed) ends it.
         self.produced = self.produced + len(b) if b else len(self.required)
+        if self.produced > len(self.required) or not b:
+            self._after = False  # it went past the end, already checked by ``allowed``
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ few, which is what KV-cache reuse needs.
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
 ``SUFFIX_SHARE`` of the budget.
 
-Token healing: when the cursor is mid-word or after a space or indentation, the prompt's last
-token is backed up over (``decoding.healing.back_up``) and ``Prompt.healed`` holds the text
+Token healing: when the cursor is mid-word, after a space or indentation, or at a line start, the
+prompt's last token is backed up over (``decoding.healing.back_up``) and ``Prompt.healed`` holds the text
 removed; the engine makes the output start with it and returns only what follows it.
 """
 
@@ -43,7 +43,7 @@ from lsp_server.tokens import Tokens
 log = logging.getLogger(__name__)
 
 MAX_CHARS_PER_TOKEN = 8  # generous: code averages ~3-4 characters per token
-HEALABLE = (" ", "\t")
+HEALABLE = (" ", "\t", "\n")  # after a space, indentation, or at a line start
 RESERVE_STEP = 32  # tokens: the room kept for the cursor's line grows in these steps
 SNIPPET_SHARE = 0.2
 MIN_SNIPPET_LINES = 4

@@ -135,6 +135,7 @@ def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
     ("x = 1\n        ", "\n        "),
     ("    return ", " "),
     ("call(", ""),  # after punctuation: nothing to heal
+    ("x = 1\n", "\n"),  # at a line start
     ("name = 'café", "é"),
 ])
 def test_what_is_backed_up(tokens, before, healed):
@@ -318,7 +319,7 @@ def test_a_10_mb_document_is_parsed_in_a_window(tokens):
     assert len(prompt.ids) <= 512 and len(text) > 20 * FULL_PARSE_CHARS
     (entry,) = builder.parses._entries.values()
     assert len(entry.source) < 2 * FULL_PARSE_CHARS  # a window, not 10 MB
-    assert prompt.text.endswith("return value * 199\n\n")
+    assert (prompt.text + prompt.healed).endswith("return value * 199\n\n") and prompt.healed == "\n\n"
 
 
 def test_split_rows_breaks_at_newlines_only():

@@ -79,6 +79,9 @@ def test_allowed_tokens_are_exactly_the_prefix_compatible_ones():
         assert index.allowed(remaining.encode()) == want, remaining
     assert set(index.allowed(b"ab")) == set(ids("a", "ab", "abc", "abcd"))
     assert index.allowed(b"") == ()
+    # Past the user's final space or indentation, no more whitespace: "\n  " may not become "\n    ".
+    assert set(index.allowed(b"\n  ")) == set(ids("\n", "\n  "))
+    assert TOK.ids[" x"] in index.allowed(b" ") and TOK.ids["  "] not in index.allowed(b" ")
 
 
 def test_a_constraint_tracks_what_is_still_owed():
@@ -89,6 +92,13 @@ def test_a_constraint_tracks_what_is_still_owed():
     assert c.active and set(c.allowed()) == set(ids("c"))
     c.advance(TOK.ids["c"])
     assert not c.active and c.allowed() == ()
+    # Required text ending in whitespace: the token after it must not start with more.
+    c = PrefixConstraint(index, "x ")
+    c.advance(TOK.ids["x"])
+    c.advance(TOK.ids[" "])
+    assert c.active and set(c.allowed()) == {i for i, p in enumerate(PIECES) if p[0] not in " \t\n"}
+    c.advance(TOK.ids["a"])
+    assert not c.active
 
 
 def test_back_up_removes_the_last_token_and_reports_its_text():
