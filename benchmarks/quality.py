@@ -195,7 +195,11 @@ class Variants:
         suggestion = result.text.split("\n", 1)[0].rstrip()
         return self._run("naive", case, suggestion, len(ids), build_ms, result, "")
 
-    def context(self, case: Case) -> Run:
+    def context_unhealed(self, case: Case) -> Run:
+        """The context without token healing: what healing alone is worth."""
+        return self.context(case, heal=False)
+
+    def context(self, case: Case, heal: bool = True) -> Run:
         from decoding import GenerationConfig
         from lsp_server import postprocess
         from lsp_server.context import ContextRequest
@@ -204,7 +208,7 @@ class Variants:
         started = time.perf_counter()
         uri = f"file:///corpus/{case.file}"
         request = ContextRequest(case.text, case.offset, self.budget, uri=uri,
-                                 language_id=LANGUAGE_IDS[case.language])
+                                 language_id=LANGUAGE_IDS[case.language], heal=heal)
         prompt = self.builder.build(request, self.tokens)
         build_ms = (time.perf_counter() - started) * 1000
         line_start = case.text.rfind("\n", 0, case.offset) + 1
@@ -214,7 +218,8 @@ class Variants:
                                   required_prefix=prompt.healed, stop_strings=prompt.stop_strings)
         result = self.engine.generate(list(prompt.ids), config)
         suggestion = postprocess.finish(result.text, situation) or ""
-        return self._run("context", case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
+        name = "context" if heal else "context_unhealed"
+        return self._run(name, case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
 
     @staticmethod
     def _run(variant: str, case: Case, suggestion: str, tokens: int, build_ms: float, result,
@@ -324,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="lines typed per language for the prefix-share measurement (0: skip)")
     parser.add_argument("--root", action="append", default=[], metavar="LANG=DIR",
                         help="the corpus of a language (default: stdlib, npm, /usr/include)")
+    parser.add_argument("--variants", default="naive,context",
+                        help="prompts to compare: naive, context, context_unhealed (context, no healing)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -343,7 +350,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model = load_model(args.model, device="cpu", dtype="float32")
     engine = SpeculativeEngine(model)
     variants = Variants(engine, args.budget, args.max_new_tokens)
-    names = ("naive", "context")
+    names = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(names) - {"naive", "context", "context_unhealed"}
+    if unknown:
+        parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
 
     cases: list[Case] = []
     for lang in languages:
@@ -359,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: list[CaseResult] = []
     started = time.perf_counter()
     for i, case in enumerate(cases):
-        order = names if i % 2 == 0 else names[::-1]
+        order = names[i % len(names):] + names[:i % len(names)]  # rotated per case
         record = CaseResult({k: v for k, v in asdict(case).items() if k != "text"})
         for name in order:
             record.runs[name] = getattr(variants, name)(case)

@@ -58,6 +58,7 @@ class SyntaxOutline:
     def __init__(self, tree: Any, lines: Sequence[str], language: str) -> None:
         self.tree, self.lines, self.language = tree, lines, language
         self._imports: set[int] | None = None
+        self._last_import_row = -1
         self._line_bytes: dict[int, bytes] = {}
 
     def imports(self) -> set[int]:
@@ -67,8 +68,9 @@ class SyntaxOutline:
             if query is not None:
                 import tree_sitter
 
-                captures = tree_sitter.QueryCursor(query).captures(self.tree.root_node)
-                self._imports = {node.id for node in captures.get("import", [])}
+                found = tree_sitter.QueryCursor(query).captures(self.tree.root_node).get("import", [])
+                self._imports = {node.id for node in found}
+                self._last_import_row = max((node.start_point.row for node in found), default=-1)
         return self._imports
 
     def _holds_import(self, node: Any, extra_rows: int) -> bool:
@@ -76,7 +78,7 @@ class SyntaxOutline:
         imports = self.imports()
         if node.id in imports:
             return True
-        if extra_rows > MAX_IMPORT_WRAPPER_ROWS or not imports:
+        if extra_rows > MAX_IMPORT_WRAPPER_ROWS or node.start_point.row > self._last_import_row:
             return False
         stack = [node]
         while stack:

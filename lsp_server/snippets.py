@@ -64,26 +64,27 @@ class SnippetIndex:
     """Windows of the other open documents, cached per document text."""
 
     def __init__(self, max_cached: int = 32) -> None:
-        self._cache: OrderedDict[tuple[str, int, int], list[tuple[int, frozenset[str]]]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int, int], tuple[list[str], list[tuple[int, frozenset[str]]]]] = (
+            OrderedDict())
         self.max_cached = max_cached
 
     def _windows(self, doc: OpenDocument) -> tuple[list[str], list[tuple[int, frozenset[str]]]]:
-        text = doc.text[:MAX_DOCUMENT_CHARS]
-        lines = text.split("\n")
-        key = (doc.uri, len(text), hash(text))
+        # Keyed by the document's own string: its hash is computed once and kept by Python.
+        key = (doc.uri, len(doc.text), hash(doc.text))
         cached = self._cache.get(key)
         if cached is None:
-            cached = []
+            lines = doc.text[:MAX_DOCUMENT_CHARS].split("\n")
+            windows = []
             for start in range(0, max(len(lines) - WINDOW_LINES, 0) + 1, WINDOW_STEP):
                 chunk = lines[start:start + WINDOW_LINES]
                 if sum(1 for line in chunk if line.strip()) >= 3:
-                    cached.append((start, identifiers("\n".join(chunk))))
-            self._cache[key] = cached
+                    windows.append((start, identifiers("\n".join(chunk))))
+            cached = self._cache[key] = (lines, windows)
             while len(self._cache) > self.max_cached:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return lines, cached
+        return cached
 
     def choose(self, query: str, documents: Sequence[OpenDocument], count: int,
                exclude: str = "") -> list[Snippet]:

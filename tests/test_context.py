@@ -325,3 +325,21 @@ def test_a_10_mb_document_is_parsed_in_a_window(tokens):
 def test_split_rows_breaks_at_newlines_only():
     assert split_rows("a\r\nb\x0cc\n") == ["a\r\n", "b\x0cc\n", ""]
     assert Window(0, 0, 0).start == 0
+
+
+def test_the_edit_diff_is_exact_across_chunks(monkeypatch):
+    from lsp_server import syntax
+
+    monkeypatch.setattr(syntax, "_CHUNK", 4)
+    rng = random.Random(7)
+    for _ in range(2000):
+        a = bytes(rng.randrange(3) for _ in range(rng.randrange(40)))
+        b = bytearray(a)
+        for _ in range(rng.randrange(3)):
+            if b:
+                b[rng.randrange(len(b))] = rng.randrange(3)
+        b = bytes(b[: rng.randrange(len(b) + 1)] if rng.random() < 0.3 else b) + bytes(rng.randrange(3))
+        p = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+        limit = min(len(a), len(b)) - p
+        s = next((i for i in range(limit) if a[-1 - i] != b[-1 - i]), limit)
+        assert (syntax.common_prefix(a, b), syntax.common_suffix(a, b, limit)) == (p, s)
