@@ -5,6 +5,12 @@ every token except the newest, which is fed together with the next draft; after 
 cache is cropped to drop the rejected draft tokens. Between any two target passes the loop
 polls a cancel check, so a cancel (a new keystroke, a time budget) takes effect within one step
 and returns what was decoded so far.
+
+With a ``PrefixCache`` and a ``cache_key`` (the server passes the document), the cache a
+generation leaves behind serves the next one on that key: only the prompt tokens after the
+longest common prefix are prefilled. The prefill runs in chunks with the cancel check between
+them, so a superseded request stops within one chunk and what it did prefill still warms the
+cache for the next keystroke.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
+from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, greedy_accept, sample, sampling_probs, speculative_accept
 
@@ -38,6 +45,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
     max_draft_tokens: int = 8
+    prefill_chunk: int = 256  # tokens per prefill pass; the cancel check runs between passes
 
     @property
     def sampling(self) -> SamplingParams:
@@ -66,8 +74,11 @@ class GenerationStats:
     new_tokens: int = 0  # tokens returned
     produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
     target_passes: int = 0  # the prefill counts as one: it produces the first token
+    reused_tokens: int = 0  # prompt tokens whose keys and values came from a previous generation
     prefill_ms: float = 0.0
-    decode_ms: float = 0.0
+    decode_ms: float = 0.0  # drafting + verifying + bookkeeping after the first token
+    draft_ms: float = 0.0  # of decode_ms: time in the drafter
+    verify_ms: float = 0.0  # of decode_ms: target passes over drafts
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
 
     @property
@@ -77,7 +88,8 @@ class GenerationStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
-        out["prefill_ms"], out["decode_ms"] = round(self.prefill_ms, 2), round(self.decode_ms, 2)
+        for name in ("prefill_ms", "decode_ms", "draft_ms", "verify_ms"):
+            out[name] = round(out[name], 2)
         for name, stats in self.drafters.items():
             out["drafters"][name]["acceptance"] = round(stats.acceptance, 4)
         return out
@@ -100,11 +112,16 @@ def _is_cancelled(cancel: CancelCheck) -> bool:
 
 
 class SpeculativeEngine:
-    """Decodes with one target model and any drafter; the drafter may change per call."""
+    """Decodes with one target model and any drafter; the drafter may change per call.
 
-    def __init__(self, target: LoadedModel, cost: CostModel | None = None) -> None:
+    Not thread-safe: one generation at a time (the server runs them on one worker thread).
+    """
+
+    def __init__(self, target: LoadedModel, cost: CostModel | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.target = target
         self.cost = cost or CostModel.for_device(target.device.type)
+        self.prefix_cache = prefix_cache
 
     # -- helpers ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -136,6 +153,27 @@ class SpeculativeEngine:
             prompt = [int(bos)]
         return prompt
 
+    def _prefill(self, prompt: list[int], cache_key: str | None, config: GenerationConfig,
+                 cancel: CancelCheck, stats: GenerationStats) -> tuple[DynamicCache, torch.Tensor | None]:
+        """The cache holding ``prompt`` and the logits after it; None logits when cancelled midway
+        (the cache then holds the chunks done, and is handed back for the next request)."""
+        store = self.prefix_cache if cache_key is not None else None
+        cache, done = store.take(cache_key, prompt) if store is not None else (None, 0)
+        if cache is None:
+            cache = DynamicCache(config=self.target.model.config)
+        stats.reused_tokens = done
+        chunk = max(1, config.prefill_chunk)
+        while True:
+            end = min(len(prompt), done + chunk)
+            logits = self._forward(prompt[done:end], cache, last_only=True)[-1]
+            done = end
+            if done == len(prompt):
+                return cache, logits
+            if _is_cancelled(cancel):
+                if store is not None:
+                    store.put(cache_key, prompt[:done], cache)
+                return cache, None
+
     def _cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
                      max_new: int) -> tuple[list[int], str, str | None, int]:
         """Apply EOS, the token limit and stop strings to the tokens generated so far.
@@ -166,7 +204,9 @@ class SpeculativeEngine:
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
-                 drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
+                 drafter: Drafter | None = None, cancel: CancelCheck = None,
+                 cache_key: str | None = None) -> GenerationResult:
+        """Decode after ``prompt_ids``; ``cache_key`` names whose KV cache to reuse and keep."""
         config = config or GenerationConfig()
         stats = GenerationStats()
         prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
@@ -188,12 +228,14 @@ class SpeculativeEngine:
             return GenerationResult("", [], reason, stats)
 
         started = time.perf_counter()
-        cache = DynamicCache(config=self.target.model.config)
-        generated = [choose(self._forward(prompt, cache, last_only=True)[-1])]
-        stats.target_passes = 1
+        cache, logits = self._prefill(prompt, cache_key, config, cancel, stats)
         stats.prefill_ms = (time.perf_counter() - started) * 1000
+        if logits is None:
+            return GenerationResult("", [], "cancelled", stats)
+        generated = [choose(logits)]
+        stats.target_passes = 1
         if drafter is not None:
-            drafter.begin(prompt, sampling, generator)
+            drafter.begin(prompt, sampling, generator, session=cache_key)
 
         decode_started = time.perf_counter()
         kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
@@ -204,7 +246,9 @@ class SpeculativeEngine:
             remaining = config.max_new_tokens - len(generated)
             draft = Draft()
             if drafter is not None and remaining > 1:
+                draft_started = time.perf_counter()
                 draft = drafter.propose(prompt + generated, min(remaining - 1, config.max_draft_tokens))
+                stats.draft_ms += (time.perf_counter() - draft_started) * 1000
             pass_started = time.perf_counter()
             logits = self._forward([generated[-1]] + draft.tokens, cache)
             if sampling.greedy:
@@ -213,7 +257,9 @@ class SpeculativeEngine:
                 target_probs = sampling_probs(logits, sampling).cpu()
                 draft_probs = draft.probs.cpu() if draft.probs is not None else None
                 verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
-            self.cost.record(len(draft) + 1, (time.perf_counter() - pass_started) * 1000)
+            pass_ms = (time.perf_counter() - pass_started) * 1000
+            self.cost.record(len(draft) + 1, pass_ms)
+            stats.verify_ms += pass_ms
             stats.target_passes += 1
             rejected = len(draft) - verdict.accepted
             if rejected:
@@ -227,10 +273,14 @@ class SpeculativeEngine:
             generated.extend(verdict.tokens)
             kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
         stats.decode_ms = (time.perf_counter() - decode_started) * 1000
+        if cache_key is not None and self.prefix_cache is not None:
+            # The loop's invariant: the cache holds every token but the newest.
+            self.prefix_cache.put(cache_key, prompt + generated[:-1], cache)
         stats.new_tokens = len(kept)
         stats.produced_tokens = consumed
         return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=stats)
 
     def generate_text(self, prompt: str, config: GenerationConfig | None = None,
-                      drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
-        return self.generate(self.encode(prompt), config, drafter, cancel)
+                      drafter: Drafter | None = None, cancel: CancelCheck = None,
+                      cache_key: str | None = None) -> GenerationResult:
+        return self.generate(self.encode(prompt), config, drafter, cancel, cache_key)
