@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
-from decoding.kv_cache import PrefixCache
+from decoding.kv_cache import Borrowed, PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, greedy_accept, sample, sampling_probs, speculative_accept
 
@@ -73,8 +73,10 @@ class GenerationStats:
     trimmed_tokens: int = 0  # dropped from the left because the prompt exceeded the context
     new_tokens: int = 0  # tokens returned
     produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
+    # produced_tokens + known_tokens: every token up to the stop
     target_passes: int = 0  # the prefill counts as one: it produces the first token
     reused_tokens: int = 0  # prompt tokens whose keys and values came from a previous generation
+    known_tokens: int = 0  # tokens taken from a previous generation's greedy continuation (no pass)
     prefill_ms: float = 0.0
     decode_ms: float = 0.0  # drafting + verifying + bookkeeping after the first token
     draft_ms: float = 0.0  # of decode_ms: time in the drafter
@@ -154,25 +156,31 @@ class SpeculativeEngine:
         return prompt
 
     def _prefill(self, prompt: list[int], cache_key: str | None, config: GenerationConfig,
-                 cancel: CancelCheck, stats: GenerationStats) -> tuple[DynamicCache, torch.Tensor | None]:
-        """The cache holding ``prompt`` and the logits after it; None logits when cancelled midway
-        (the cache then holds the chunks done, and is handed back for the next request)."""
+                 cancel: CancelCheck, stats: GenerationStats) -> tuple[Borrowed, torch.Tensor | None]:
+        """The cache holding ``prompt`` and the logits after it.
+
+        No logits when the continuation is already known (``borrowed.known``: no pass at all) or
+        when cancelled midway (the cache then holds the chunks done and goes back to the store).
+        """
         store = self.prefix_cache if cache_key is not None else None
-        cache, done = store.take(cache_key, prompt) if store is not None else (None, 0)
-        if cache is None:
-            cache = DynamicCache(config=self.target.model.config)
-        stats.reused_tokens = done
-        chunk = max(1, config.prefill_chunk)
+        borrowed = (store.take(cache_key, prompt, continuation=config.sampling.greedy)
+                    if store is not None else Borrowed(None))
+        stats.reused_tokens = borrowed.reused
+        if borrowed.known:
+            return borrowed, None
+        if borrowed.cache is None:
+            borrowed.cache = DynamicCache(config=self.target.model.config)
+        done, chunk = borrowed.reused, max(1, config.prefill_chunk)
         while True:
             end = min(len(prompt), done + chunk)
-            logits = self._forward(prompt[done:end], cache, last_only=True)[-1]
+            logits = self._forward(prompt[done:end], borrowed.cache, last_only=True)[-1]
             done = end
             if done == len(prompt):
-                return cache, logits
+                return borrowed, logits
             if _is_cancelled(cancel):
                 if store is not None:
-                    store.put(cache_key, prompt[:done], cache)
-                return cache, None
+                    store.put(cache_key, prompt[:done], borrowed.cache)
+                return borrowed, None
 
     def _cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
                      max_new: int) -> tuple[list[int], str, str | None, int]:
@@ -228,12 +236,17 @@ class SpeculativeEngine:
             return GenerationResult("", [], reason, stats)
 
         started = time.perf_counter()
-        cache, logits = self._prefill(prompt, cache_key, config, cancel, stats)
+        borrowed, logits = self._prefill(prompt, cache_key, config, cancel, stats)
+        cache = borrowed.cache
         stats.prefill_ms = (time.perf_counter() - started) * 1000
-        if logits is None:
+        if borrowed.known:  # the target's own greedy continuation of this very prompt
+            generated = borrowed.known
+        elif logits is None:
             return GenerationResult("", [], "cancelled", stats)
-        generated = [choose(logits)]
-        stats.target_passes = 1
+        else:
+            generated = [choose(logits)]
+            stats.target_passes = 1
+        known = len(borrowed.known or ())
         if drafter is not None:
             drafter.begin(prompt, sampling, generator, session=cache_key)
 
@@ -274,10 +287,13 @@ class SpeculativeEngine:
             kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
         stats.decode_ms = (time.perf_counter() - decode_started) * 1000
         if cache_key is not None and self.prefix_cache is not None:
-            # The loop's invariant: the cache holds every token but the newest.
-            self.prefix_cache.put(cache_key, prompt + generated[:-1], cache)
+            # The loop's invariant: the cache holds every token but the newest. Greedy choices
+            # chain on from where the borrowed chain began, or from this prompt's end.
+            chain = borrowed.greedy_from if borrowed.greedy_from is not None else len(prompt)
+            self.prefix_cache.put(cache_key, prompt + generated, cache, chain if sampling.greedy else None)
         stats.new_tokens = len(kept)
-        stats.produced_tokens = consumed
+        stats.known_tokens = min(consumed, known)
+        stats.produced_tokens = consumed - stats.known_tokens
         return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=stats)
 
     def generate_text(self, prompt: str, config: GenerationConfig | None = None,

@@ -8,6 +8,12 @@ keys and values for a token depend only on the tokens before it, so the common p
 are the ones a fresh prefill would compute; everything after the first differing token (an edit
 before the cursor, a different completion) is cropped away.
 
+Each entry also remembers the tokens the model generated after its prompt. Under greedy decoding
+they are the target's own choices, so a later prompt that lies on that path (the user typed the
+first characters of the suggestion, or asked again at the same place) already has its
+continuation: the rest of the known tokens, with no model call at all. That is typed-ahead
+reuse, exact by construction rather than by comparing text.
+
 transformers' ``DynamicCache`` holds the tensors; this module only decides which cache serves a
 request and which to evict. Entries are least-recently-used first out when the budget is
 exceeded, and an entry is lent out (removed from the store) while a generation uses it, so a
@@ -55,9 +61,20 @@ class PrefixCacheStats:
 
 @dataclass
 class _Entry:
-    tokens: list[int]  # the tokens whose keys and values the cache holds, in order
+    tokens: list[int]  # the cache holds keys and values for tokens[:cache_length(cache)]
     cache: DynamicCache
     nbytes: int
+    greedy_from: int | None  # tokens[greedy_from:] are the target's unconstrained greedy choices
+
+
+@dataclass
+class Borrowed:
+    """What ``take`` lends a generation."""
+
+    cache: DynamicCache | None  # None: start from an empty cache
+    reused: int = 0  # prompt tokens the cache already holds
+    known: list[int] | None = None  # the target's greedy continuation of the prompt, when known
+    greedy_from: int | None = None  # for ``put``: where the chain of greedy choices began
 
 
 class PrefixCache:
@@ -74,12 +91,14 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_bytes > 0
 
-    def take(self, key: str, prompt: Sequence[int]) -> tuple[DynamicCache | None, int]:
-        """Borrow ``key``'s cache cropped to its longest common prefix with ``prompt``.
+    def take(self, key: str, prompt: Sequence[int], *, continuation: bool = False) -> Borrowed:
+        """Borrow ``key``'s cache for ``prompt``; the entry leaves the store until ``put``.
 
-        Returns the cache and how many of ``prompt``'s tokens it already holds: always fewer than
-        ``len(prompt)``, because the last prompt token must be fed to get the next-token logits.
-        ``(None, 0)`` when nothing is reusable. The entry leaves the store until ``put`` returns it.
+        With ``continuation`` (greedy decoding), a prompt that is a strict prefix of the entry's
+        tokens and reaches into its greedy chain gets the rest of the chain as ``known``, and the
+        cache as it is (holding every known token but the last, as the engine's loop expects).
+        Otherwise the cache is cropped to the longest common prefix with ``prompt``, always short
+        of the prompt's last token, which must be fed to get the next-token logits.
         """
         with self._lock:
             self.stats.lookups += 1
@@ -88,24 +107,35 @@ class PrefixCache:
             if entry is not None:
                 self._bytes -= entry.nbytes
         if entry is None:
-            return None, 0
-        keep = min(common_prefix_length(entry.tokens, prompt), len(prompt) - 1, cache_length(entry.cache))
+            return Borrowed(None)
+        common = common_prefix_length(entry.tokens, prompt)
+        held = cache_length(entry.cache)
+        on_chain = (common == len(prompt) and entry.greedy_from is not None
+                    and len(prompt) >= entry.greedy_from)
+        if continuation and on_chain and len(prompt) < len(entry.tokens) and held == len(entry.tokens) - 1:
+            self._count_reuse(len(prompt))
+            return Borrowed(entry.cache, len(prompt), list(entry.tokens[len(prompt):]), entry.greedy_from)
+        keep = min(common, len(prompt) - 1, held)
         if keep <= 0:
-            return None, 0
-        extra = cache_length(entry.cache) - keep
-        if extra > 0:
+            return Borrowed(None)
+        if held > keep:
             try:
-                entry.cache.crop(-extra)
+                entry.cache.crop(keep - held)
             except Exception:  # a cache type that can't roll back (e.g. sliding windows): start afresh
-                return None, 0
+                return Borrowed(None)
+        self._count_reuse(keep)
+        return Borrowed(entry.cache, keep, None, entry.greedy_from if on_chain else None)
+
+    def _count_reuse(self, tokens: int) -> None:
         with self._lock:
             self.stats.hits += 1
-            self.stats.reused_tokens += keep
-        return entry.cache, keep
+            self.stats.reused_tokens += tokens
 
-    def put(self, key: str, tokens: Sequence[int], cache: DynamicCache) -> None:
-        """Keep ``cache`` (holding exactly ``tokens``) as ``key``'s, evicting old entries as needed."""
-        if not self.enabled or not tokens or cache_length(cache) != len(tokens):
+    def put(self, key: str, tokens: Sequence[int], cache: DynamicCache,
+            greedy_from: int | None = None) -> None:
+        """Keep ``cache`` as ``key``'s: it holds ``tokens`` (all, or all but the last), of which
+        ``tokens[greedy_from:]`` are greedy choices (None: none are). Evicts old entries as needed."""
+        if not self.enabled or not tokens or cache_length(cache) not in (len(tokens), len(tokens) - 1):
             return
         nbytes = cache_nbytes(cache)
         if nbytes > self.budget_bytes:
@@ -114,7 +144,7 @@ class PrefixCache:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            self._entries[key] = _Entry(list(tokens), cache, nbytes)
+            self._entries[key] = _Entry(list(tokens), cache, nbytes, greedy_from)
             self._bytes += nbytes
             while self._bytes > self.budget_bytes:  # the new entry alone fits: it is never the one evicted
                 _, evicted = self._entries.popitem(last=False)

@@ -46,8 +46,8 @@ class ModelDrafter:
         if self._session is not None and self._cache is not None:
             self.sessions.put(self._session, self._cached, self._cache)
         self._session = session
-        cache, kept = self.sessions.take(session, prompt)
-        self._cache, self._cached = cache, list(prompt[:kept])
+        borrowed = self.sessions.take(session, prompt)
+        self._cache, self._cached = borrowed.cache, list(prompt[:borrowed.reused])
 
     @property
     def relative_cost(self) -> float:
