@@ -46,6 +46,7 @@ class GenerationConfig:
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
     max_draft_tokens: int = 8
     prefill_chunk: int = 256  # tokens per prefill pass; the cancel check runs between passes
+    reuse_continuation: bool = True  # greedy: answer from a cached greedy chain the prompt lies on
 
     @property
     def sampling(self) -> SamplingParams:
@@ -105,7 +106,7 @@ class GenerationResult:
     stats: GenerationStats
 
 
-def _is_cancelled(cancel: CancelCheck) -> bool:
+def is_cancelled(cancel: CancelCheck) -> bool:
     if cancel is None:
         return False
     if isinstance(cancel, threading.Event):
@@ -163,7 +164,8 @@ class SpeculativeEngine:
         when cancelled midway (the cache then holds the chunks done and goes back to the store).
         """
         store = self.prefix_cache if cache_key is not None else None
-        borrowed = (store.take(cache_key, prompt, continuation=config.sampling.greedy)
+        continuation = config.sampling.greedy and config.reuse_continuation
+        borrowed = (store.take(cache_key, prompt, continuation=continuation)
                     if store is not None else Borrowed(None))
         stats.reused_tokens = borrowed.reused
         if borrowed.known:
@@ -177,12 +179,12 @@ class SpeculativeEngine:
             done = end
             if done == len(prompt):
                 return borrowed, logits
-            if _is_cancelled(cancel):
+            if is_cancelled(cancel):
                 if store is not None:
                     store.put(cache_key, prompt[:done], borrowed.cache)
                 return borrowed, None
 
-    def _cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
+    def cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
                      max_new: int) -> tuple[list[int], str, str | None, int]:
         """Apply EOS, the token limit and stop strings to the tokens generated so far.
 
@@ -231,7 +233,7 @@ class SpeculativeEngine:
                 return int(logits.argmax())
             return sample(sampling_probs(logits, sampling).cpu(), generator)
 
-        if config.max_new_tokens <= 0 or _is_cancelled(cancel):
+        if config.max_new_tokens <= 0 or is_cancelled(cancel):
             reason = "max_tokens" if config.max_new_tokens <= 0 else "cancelled"
             return GenerationResult("", [], reason, stats)
 
@@ -251,9 +253,9 @@ class SpeculativeEngine:
             drafter.begin(prompt, sampling, generator, session=cache_key)
 
         decode_started = time.perf_counter()
-        kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
+        kept, text, reason, consumed = self.cut_at_stop(generated, stops, eos, config.max_new_tokens)
         while reason is None:
-            if _is_cancelled(cancel):
+            if is_cancelled(cancel):
                 reason = "cancelled"
                 break
             remaining = config.max_new_tokens - len(generated)
@@ -284,7 +286,7 @@ class SpeculativeEngine:
                 per.accepted += verdict.accepted
                 drafter.observe(draft, verdict.accepted)
             generated.extend(verdict.tokens)
-            kept, text, reason, consumed = self._cut_at_stop(generated, stops, eos, config.max_new_tokens)
+            kept, text, reason, consumed = self.cut_at_stop(generated, stops, eos, config.max_new_tokens)
         stats.decode_ms = (time.perf_counter() - decode_started) * 1000
         if cache_key is not None and self.prefix_cache is not None:
             # The loop's invariant: the cache holds every token but the newest. Greedy choices

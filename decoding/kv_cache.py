@@ -151,6 +151,12 @@ class PrefixCache:
                 self._bytes -= evicted.nbytes
                 self.stats.evictions += 1
 
+    def chain(self, key: str) -> tuple[list[int], int | None] | None:
+        """``key``'s tokens and where its greedy chain begins, without borrowing the cache."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return (list(entry.tokens), entry.greedy_from) if entry is not None else None
+
     def drop(self, key: str) -> None:
         """Forget ``key`` (its document was closed)."""
         with self._lock:

@@ -20,6 +20,7 @@ from typing import Any
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+DECODER_NAMES = ("speculative", "transformers")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
 
@@ -38,6 +39,10 @@ class Settings:
     time_budget_ms: int = 2000
     enabled: bool = True
     multiline: bool = False
+    kv_cache_mb: int = 256  # per-document KV caches kept for reuse across keystrokes; 0: no reuse
+    type_ahead: bool = True  # typed-ahead and repeated requests answered without decoding anew
+    prefetch: bool = True  # when idle, decode the line after the one just suggested
+    decoder: str = "speculative"  # "transformers": model.generate() as a peer path, for comparisons
 
     def model_key(self) -> tuple:
         """What identifies the loaded weights: a change here means a reload."""
@@ -106,6 +111,10 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "time_budget_ms": _int_range(0, 600000),  # 0: no budget
     "enabled": _bool,
     "multiline": _bool,
+    "kv_cache_mb": _int_range(0, 1 << 20),
+    "type_ahead": _bool,
+    "prefetch": _bool,
+    "decoder": _choice(DECODER_NAMES),
 }
 _CAMEL = {name: re.sub(r"_(\w)", lambda m: m.group(1).upper(), name) for name in _VALIDATORS}
 _BY_CAMEL = {camel: name for name, camel in _CAMEL.items()}
