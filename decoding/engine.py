@@ -5,10 +5,17 @@ every token except the newest, which is fed together with the next draft; after 
 cache is cropped to drop the rejected draft tokens. Between any two target passes the loop
 polls a cancel check, so a cancel (a new keystroke, a time budget) takes effect within one step
 and returns what was decoded so far.
+
+With a ``PrefixCache`` and a ``cache_key`` (the server passes the document), the cache a
+generation leaves behind serves the next one on that key: only the prompt tokens after the
+longest common prefix are prefilled. The prefill runs in chunks with the cancel check between
+them, so a superseded request stops within one chunk and what it did prefill still warms the
+cache for the next keystroke.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import threading
@@ -22,6 +29,7 @@ from transformers import DynamicCache
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
+from decoding.kv_cache import Borrowed, PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, greedy_accept, sample, sampling_probs, speculative_accept
 
@@ -40,6 +48,8 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
     max_draft_tokens: int = 8
+    prefill_chunk: int = 256  # tokens per prefill pass; the cancel check runs between passes
+    reuse_continuation: bool = True  # greedy: answer from a cached greedy chain the prompt lies on
     # Token healing: the generated text must begin with this (the text backed up from the prompt's
     # end). ``text`` and every stop apply to what follows it; ``token_ids`` stay all generated ids.
     required_prefix: str = ""
@@ -73,9 +83,14 @@ class GenerationStats:
     trimmed_tokens: int = 0  # dropped from the left because the prompt exceeded the context
     new_tokens: int = 0  # tokens returned
     produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
+    # produced_tokens + known_tokens: every token up to the stop
     target_passes: int = 0  # the prefill counts as one: it produces the first token
+    reused_tokens: int = 0  # prompt tokens whose keys and values came from a previous generation
+    known_tokens: int = 0  # tokens taken from a previous generation's greedy continuation (no pass)
     prefill_ms: float = 0.0
-    decode_ms: float = 0.0
+    decode_ms: float = 0.0  # drafting + verifying + bookkeeping after the first token
+    draft_ms: float = 0.0  # of decode_ms: time in the drafter
+    verify_ms: float = 0.0  # of decode_ms: target passes over drafts
     drafters: dict[str, DrafterStats] = field(default_factory=dict)
 
     @property
@@ -85,7 +100,8 @@ class GenerationStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
-        out["prefill_ms"], out["decode_ms"] = round(self.prefill_ms, 2), round(self.decode_ms, 2)
+        for name in ("prefill_ms", "decode_ms", "draft_ms", "verify_ms"):
+            out[name] = round(out[name], 2)
         for name, stats in self.drafters.items():
             out["drafters"][name]["acceptance"] = round(stats.acceptance, 4)
         return out
@@ -132,7 +148,7 @@ def _constrain(logits: torch.Tensor, heal: PrefixConstraint | None,
     return torch.cat([masked, logits[1:]]) if logits.shape[0] > 1 else masked
 
 
-def _is_cancelled(cancel: CancelCheck) -> bool:
+def is_cancelled(cancel: CancelCheck) -> bool:
     if cancel is None:
         return False
     if isinstance(cancel, threading.Event):
@@ -141,11 +157,16 @@ def _is_cancelled(cancel: CancelCheck) -> bool:
 
 
 class SpeculativeEngine:
-    """Decodes with one target model and any drafter; the drafter may change per call."""
+    """Decodes with one target model and any drafter; the drafter may change per call.
 
-    def __init__(self, target: LoadedModel, cost: CostModel | None = None) -> None:
+    Not thread-safe: one generation at a time (the server runs them on one worker thread).
+    """
+
+    def __init__(self, target: LoadedModel, cost: CostModel | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.target = target
         self.cost = cost or CostModel.for_device(target.device.type)
+        self.prefix_cache = prefix_cache
         self._healing_masks: dict[bytes, torch.Tensor] = {}
 
     @functools.cached_property
@@ -183,10 +204,60 @@ class SpeculativeEngine:
             prompt = [int(bos)]
         return prompt
 
-    def _cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
-                     max_new: int, prefix: str = "",
-                     stop_when: Callable[[str], int | None] | None = None,
-                     ) -> tuple[list[int], str, str | None, int]:
+    def _prefill(self, prompt: list[int], cache_key: str | None, config: GenerationConfig,
+                 cancel: CancelCheck, stats: GenerationStats,
+                 continuation: bool = True) -> tuple[Borrowed, torch.Tensor | None]:
+        """The cache holding ``prompt`` and the logits after it.
+
+        No logits when the continuation is already known (``borrowed.known``: no pass at all) or
+        when cancelled midway (the cache then holds the chunks done and goes back to the store).
+        """
+        store = self.prefix_cache if cache_key is not None else None
+        continuation = continuation and config.sampling.greedy and config.reuse_continuation
+        borrowed = (store.take(cache_key, prompt, continuation=continuation)
+                    if store is not None else Borrowed(None))
+        stats.reused_tokens = borrowed.reused
+        if borrowed.known:
+            return borrowed, None
+        if borrowed.cache is None:
+            borrowed.cache = DynamicCache(config=self.target.model.config)
+        done, chunk = borrowed.reused, max(1, config.prefill_chunk)
+        while True:
+            end = min(len(prompt), done + chunk)
+            logits = self._forward(prompt[done:end], borrowed.cache, last_only=True)[-1]
+            done = end
+            if done == len(prompt):
+                return borrowed, logits
+            if is_cancelled(cancel):
+                if store is not None:
+                    store.put(cache_key, prompt[:done], borrowed.cache)
+                return borrowed, None
+
+    def _known_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
+        """Whether a known greedy continuation of ``prompt`` (if the cache has one) is also what
+        healed decoding would choose: it is, exactly when each of its tokens spent while the
+        required text is owed is an allowed one (the masked argmax of a set that holds the
+        unmasked argmax is that argmax)."""
+        if not required or cache_key is None or self.prefix_cache is None:
+            return True
+        peek = self.prefix_cache.chain(cache_key)
+        if peek is None or peek[1] is None or len(peek[0]) <= len(prompt) or peek[0][:len(prompt)] != prompt:
+            return True  # no known continuation will be offered
+        probe = PrefixConstraint(self.healing_index, required)
+        for token in peek[0][len(prompt):]:
+            if not probe.active:
+                break
+            allowed = probe.allowed()
+            i = bisect.bisect_left(allowed, token)
+            if i == len(allowed) or allowed[i] != token:
+                return False
+            probe.advance(token)
+        return True
+
+    def cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
+                    max_new: int, prefix: str = "",
+                    stop_when: Callable[[str], int | None] | None = None,
+                    ) -> tuple[list[int], str, str | None, int]:
         """Apply EOS, the token limit and stop strings to the tokens generated so far.
 
         Returns the tokens to keep, their text (after ``prefix``, the required text of a healed
@@ -226,7 +297,9 @@ class SpeculativeEngine:
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
-                 drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
+                 drafter: Drafter | None = None, cancel: CancelCheck = None,
+                 cache_key: str | None = None) -> GenerationResult:
+        """Decode after ``prompt_ids``; ``cache_key`` names whose KV cache to reuse and keep."""
         config = config or GenerationConfig()
         stats = GenerationStats()
         prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
@@ -240,9 +313,11 @@ class SpeculativeEngine:
         heal = None
         if config.required_prefix:
             heal = PrefixConstraint(self.healing_index, config.required_prefix)
+        masks = self._healing_masks
+        deviated = -1  # the last generated index where healing overrode the unmasked argmax
 
         def cut(generated: list[int]) -> tuple[list[int], str, str | None, int]:
-            kept, text, reason, consumed = self._cut_at_stop(
+            kept, text, reason, consumed = self.cut_at_stop(
                 generated, stops, eos, config.max_new_tokens, config.required_prefix, config.stop_when)
             if heal is not None and heal.failed:  # no token can continue the required text
                 return [], "", "stop", len(generated)
@@ -253,40 +328,60 @@ class SpeculativeEngine:
                 return int(logits.argmax())
             return sample(sampling_probs(logits, sampling).cpu(), generator)
 
-        if config.max_new_tokens <= 0 or _is_cancelled(cancel):
+        if config.max_new_tokens <= 0 or is_cancelled(cancel):
             reason = "max_tokens" if config.max_new_tokens <= 0 else "cancelled"
             return GenerationResult("", [], reason, stats)
 
         started = time.perf_counter()
-        cache = DynamicCache(config=self.target.model.config)
-        masks = self._healing_masks
-        generated = [choose(_constrain(self._forward(prompt, cache, last_only=True)[-1:], heal, masks)[-1])]
-        if heal is not None:
-            heal.advance(generated[0])
-        stats.target_passes = 1
+        continuation = self._known_fits(cache_key, prompt, config.required_prefix)
+        borrowed, logits = self._prefill(prompt, cache_key, config, cancel, stats, continuation)
+        cache = borrowed.cache
         stats.prefill_ms = (time.perf_counter() - started) * 1000
+        if borrowed.known:  # the target's own greedy continuation of this very prompt
+            generated = borrowed.known
+            if heal is not None:
+                for token in generated:
+                    heal.advance(token)
+        elif logits is None:
+            return GenerationResult("", [], "cancelled", stats)
+        else:
+            masked = _constrain(logits[None], heal, masks)[0]
+            generated = [choose(masked)]
+            if heal is not None:
+                if sampling.greedy and generated[0] != int(logits.argmax()):
+                    deviated = 0
+                heal.advance(generated[0])
+            stats.target_passes = 1
+        known = len(borrowed.known or ())
         if drafter is not None:
-            drafter.begin(prompt, sampling, generator)
+            drafter.begin(prompt, sampling, generator, session=cache_key)
 
         decode_started = time.perf_counter()
         kept, text, reason, consumed = cut(generated)
         while reason is None:
-            if _is_cancelled(cancel):
+            if is_cancelled(cancel):
                 reason = "cancelled"
                 break
             remaining = config.max_new_tokens - len(generated)
             draft = Draft()
-            if drafter is not None and remaining > 1 and not (heal is not None and heal.active):
+            healing = heal is not None and heal.active  # no drafts while the required text is owed
+            if drafter is not None and remaining > 1 and not healing:
+                draft_started = time.perf_counter()
                 draft = drafter.propose(prompt + generated, min(remaining - 1, config.max_draft_tokens))
+                stats.draft_ms += (time.perf_counter() - draft_started) * 1000
             pass_started = time.perf_counter()
-            logits = _constrain(self._forward([generated[-1]] + draft.tokens, cache), heal, masks)
+            logits = self._forward([generated[-1]] + draft.tokens, cache)
+            unmasked_choice = int(logits[0].argmax()) if healing and sampling.greedy else None
+            logits = _constrain(logits, heal, masks)
             if sampling.greedy:
                 verdict = greedy_accept(draft.tokens, logits)
             else:
                 target_probs = sampling_probs(logits, sampling).cpu()
                 draft_probs = draft.probs.cpu() if draft.probs is not None else None
                 verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
-            self.cost.record(len(draft) + 1, (time.perf_counter() - pass_started) * 1000)
+            pass_ms = (time.perf_counter() - pass_started) * 1000
+            self.cost.record(len(draft) + 1, pass_ms)
+            stats.verify_ms += pass_ms
             stats.target_passes += 1
             rejected = len(draft) - verdict.accepted
             if rejected:
@@ -297,16 +392,28 @@ class SpeculativeEngine:
                 per.proposed += len(draft)
                 per.accepted += verdict.accepted
                 drafter.observe(draft, verdict.accepted)
+            if unmasked_choice is not None and verdict.tokens[0] != unmasked_choice:
+                deviated = len(generated)
             generated.extend(verdict.tokens)
             if heal is not None:
                 for token in verdict.tokens:
                     heal.advance(token)
             kept, text, reason, consumed = cut(generated)
         stats.decode_ms = (time.perf_counter() - decode_started) * 1000
+        if cache_key is not None and self.prefix_cache is not None:
+            # The loop's invariant: the cache holds every token but the newest. Greedy choices
+            # chain on from where the borrowed chain began, or from this prompt's end, and never
+            # include a token that healing chose over the unmasked argmax.
+            chain = borrowed.greedy_from if borrowed.greedy_from is not None else len(prompt)
+            if deviated >= 0:
+                chain = max(chain, len(prompt) + deviated + 1)
+            self.prefix_cache.put(cache_key, prompt + generated, cache, chain if sampling.greedy else None)
         stats.new_tokens = len(kept)
-        stats.produced_tokens = consumed
+        stats.known_tokens = min(consumed, known)
+        stats.produced_tokens = consumed - stats.known_tokens
         return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=stats)
 
     def generate_text(self, prompt: str, config: GenerationConfig | None = None,
-                      drafter: Drafter | None = None, cancel: CancelCheck = None) -> GenerationResult:
-        return self.generate(self.encode(prompt), config, drafter, cancel)
+                      drafter: Drafter | None = None, cancel: CancelCheck = None,
+                      cache_key: str | None = None) -> GenerationResult:
+        return self.generate(self.encode(prompt), config, drafter, cancel, cache_key)

@@ -20,6 +20,7 @@ from typing import Any
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+DECODER_NAMES = ("speculative", "transformers")
 MULTILINE_MODES = ("auto", "never", "always")  # == lsp_server.ending.MULTILINE_MODES
 FIM_STYLES = ("auto", "none", "starcoder", "qwen", "deepseek", "codellama")  # == lsp_server.fim.SETTING_NAMES
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -40,6 +41,10 @@ class Settings:
     time_budget_ms: int = 2000
     enabled: bool = True
     multiline: str = "auto"  # auto: a block body where the cursor opens an empty one; never; always
+    kv_cache_mb: int = 256  # per-document KV caches kept for reuse across keystrokes; 0: no reuse
+    type_ahead: bool = True  # typed-ahead and repeated requests answered without decoding anew
+    prefetch: bool = True  # when idle, decode the line after the one just suggested
+    decoder: str = "speculative"  # "transformers": model.generate() as a peer path, for comparisons
     max_lines: int = 12  # the most lines a multi-line suggestion spans
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
     neighbor_snippets: int = 2  # snippets from other open documents in the prompt
@@ -128,6 +133,10 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "time_budget_ms": _int_range(0, 600000),  # 0: no budget
     "enabled": _bool,
     "multiline": _multiline,
+    "kv_cache_mb": _int_range(0, 1 << 20),
+    "type_ahead": _bool,
+    "prefetch": _bool,
+    "decoder": _choice(DECODER_NAMES),
     "max_lines": _int_range(1, 1000),
     "fim_template": _fim_template,
     "neighbor_snippets": _int_range(0, 10),

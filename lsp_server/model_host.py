@@ -5,6 +5,10 @@ Loading takes seconds to minutes (importing torch alone takes ~2 s, a first GGUF
 only on the scheduler's worker thread, which is the one thread that ever touches the engine and
 its drafter; a reload swaps the reference, and a decode already running finishes on the old one.
 ``decoding`` (and so torch) is imported on those threads, never on the event loop.
+
+Across requests the runtime keeps each document's KV cache and greedy chain (``PrefixCache``,
+keyed by the document's URI) and the n-gram drafter's extra sources (``DraftSources``); when the
+worker is idle, ``background`` indexes changed documents and decodes ahead (prefetch).
 """
 
 from __future__ import annotations
@@ -20,22 +24,37 @@ from typing import Any, Literal
 
 from lsp_server.config import Settings
 from lsp_server.context import Prompt, fit_tokens
+from lsp_server.sources import DocumentSnapshot, DraftSources
 from lsp_server.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
 State = Literal["idle", "loading", "ready", "failed"]
 REPORT_EVERY_S = 2.0
+MB = 1 << 20
+PREFETCH_LINES = 2  # the chain may run this many line ends past the prompt before prefetch stops
+
+
+@dataclass
+class Decoded:
+    """A decode's result and the server-side time spent before the engine ran."""
+
+    result: Any  # decoding.GenerationResult; None when it did not decode (``skipped`` says why)
+    prompt_ms: float  # building the prompt: context, token counts, trimming to its budget
+    prompt: Prompt | None = None
+    skipped: str = ""
 
 
 @dataclass
 class Runtime:
     """What one successful load produced; used on the worker thread only."""
 
-    engine: Any  # decoding.SpeculativeEngine
+    engine: Any  # decoding.SpeculativeEngine, with its PrefixCache
     drafter: Any  # decoding.drafters.Drafter | None
     drafter_name: str
     draft_model: Any  # decoding.LoadedModel | None
+    session_cache_bytes: int = 0
+    _peer: Any = None  # decoding.transformers_peer.TransformersDecoder, built on first use
     tokens: Any = None  # lsp_server.tokens.Tokens: the target's tokenizer, for building prompts
 
     def drafter_for(self, name: str) -> Any:
@@ -43,19 +62,23 @@ class Runtime:
         if name != self.drafter_name:
             from decoding.drafters import make_drafter
 
-            self.drafter = make_drafter(name, draft_model=self.draft_model, cost=self.engine.cost)
+            self.drafter = make_drafter(name, draft_model=self.draft_model, cost=self.engine.cost,
+                                        session_cache_bytes=self.session_cache_bytes)
             self.drafter_name = name
         return self.drafter
 
     def ngram_source(self) -> Any:
         """The n-gram drafter that takes other open documents as sources, if the drafter has one.
-
-        Seam for feeding open documents (``set_source`` / ``remove_source``) and accepted
-        completions (``add_accepted``) to the drafter; not wired yet. The drafter is not
-        thread-safe: call it on the worker thread, e.g. as a job of the scheduler.
-        """
+        Not thread-safe: call it on the worker thread only."""
         return getattr(self.drafter, "ngram", None) or (
             self.drafter if hasattr(self.drafter, "set_source") else None)
+
+    def peer(self) -> Any:
+        if self._peer is None:
+            from decoding.transformers_peer import TransformersDecoder
+
+            self._peer = TransformersDecoder(self.engine, self.draft_model)
+        return self._peer
 
 
 @dataclass
@@ -102,11 +125,15 @@ def load_runtime(settings: Settings) -> Runtime:
     if settings.draft_model:
         draft = load_model(settings.draft_model, device=settings.device, dtype=settings.dtype)
         check_draft_compatible(target, draft)
-    engine = SpeculativeEngine(target)
-    drafter = make_drafter(settings.drafter, draft_model=draft, cost=engine.cost)
+    from decoding.kv_cache import PrefixCache
+
+    engine = SpeculativeEngine(target, prefix_cache=PrefixCache(settings.kv_cache_mb * MB))
+    session_bytes = settings.kv_cache_mb * MB if draft is not None else 0
+    drafter = make_drafter(settings.drafter, draft_model=draft, cost=engine.cost,
+                           session_cache_bytes=session_bytes)
     engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
     return Runtime(engine=engine, drafter=drafter, drafter_name=settings.drafter, draft_model=draft,
-                   tokens=Tokens.for_engine(engine))
+                   session_cache_bytes=session_bytes, tokens=Tokens.for_engine(engine))
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
@@ -130,6 +157,7 @@ class ModelHost:
         self._runtime: Runtime | None = None
         self._generation = 0
         self.state = ModelState()
+        self.sources = DraftSources()
 
     @property
     def ready(self) -> bool:
@@ -183,31 +211,74 @@ class ModelHost:
                                 load_ms=load_ms)
         return self.state
 
-    def tokens(self) -> Tokens | None:
-        """The loaded model's tokenizer for building prompts (worker thread); None: no model."""
+    def cache_snapshot(self) -> dict[str, Any] | None:
+        runtime = self._runtime
+        return runtime.engine.prefix_cache.snapshot() if runtime is not None else None
+
+    def forget(self, uri: str) -> None:
+        """The document was closed: drop its KV cache (the worker may still hold it until its job ends)."""
+        runtime = self._runtime
+        if runtime is not None:
+            runtime.engine.prefix_cache.drop(uri)
+
+    def generate(self, prompt: Prompt | Callable[[Tokens], Prompt], settings: Settings, stop_at_newline: bool,
+                 should_stop: Callable[[], bool], cache_key: str | None = None,
+                 stop_when: Callable[[str], int | None] | None = None) -> Decoded | None:
+        """Decode on the worker thread; None when no model is loaded (it was unloaded meanwhile).
+
+        ``prompt`` is a prompt, or a function that builds one with this model's tokenizer (it
+        runs here, so the ids always come from the model that decodes them). ``cache_key`` (the
+        document) selects the KV cache and greedy chain to reuse and keep; ``stop_when`` ends the
+        text where the caller says (a block's end).
+        """
         runtime = self._runtime
         if runtime is None:
-            return None
-        if runtime.tokens is None:
-            runtime.tokens = Tokens.for_engine(runtime.engine)
-        return runtime.tokens
-
-    def generate(self, prompt: Prompt, settings: Settings, stop_at_newline: bool,
-                 should_stop: Callable[[], bool], stop_when: Callable[[str], int | None] | None = None,
-                 tokens: Tokens | None = None) -> Any:
-        """Decode on the worker thread; None when no model is loaded (it was unloaded meanwhile)
-        or when ``prompt`` was tokenized with ``tokens`` of a model replaced since."""
-        runtime = self._runtime
-        if runtime is None or (tokens is not None and tokens is not runtime.tokens):
             return None
         from decoding import GenerationConfig
 
         engine = runtime.engine
+        engine.prefix_cache.resize(settings.kv_cache_mb * MB)
+        started = time.perf_counter()
+        if callable(prompt):
+            if runtime.tokens is None:
+                runtime.tokens = Tokens.for_engine(engine)
+            prompt = prompt(runtime.tokens)
         if prompt.ids is not None:
             ids = list(prompt.ids)
         else:
             ids = fit_tokens(prompt.text, engine.encode, settings.context_tokens)
+        prompt_ms = (time.perf_counter() - started) * 1000
         config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=stop_at_newline,
-                                  required_prefix=prompt.healed, stop_strings=prompt.stop_strings,
-                                  stop_when=stop_when)
-        return engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop)
+                                  reuse_continuation=settings.type_ahead, required_prefix=prompt.healed,
+                                  stop_strings=prompt.stop_strings, stop_when=stop_when)
+        if settings.decoder == "transformers":
+            result = runtime.peer().generate(ids, config, settings.drafter, cancel=should_stop)
+        else:
+            result = engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop,
+                                     cache_key=cache_key if settings.kv_cache_mb > 0 else None)
+        return Decoded(result, prompt_ms, prompt)
+
+    def background(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str | None,
+                   should_stop: Callable[[], bool]) -> Any:
+        """Idle-time work on the worker: index changed documents as draft sources, then decode the
+        line after ``uri``'s suggestion so that accepting it and moving on is answered at once.
+        Returns the prefetch's result, or None when nothing was decoded."""
+        runtime = self._runtime
+        if runtime is None or settings.decoder != "speculative":
+            return None
+        engine = runtime.engine
+        drafter = runtime.drafter_for(settings.drafter)
+        self.sources.sync(runtime.ngram_source(), documents, uri, engine.encode, should_stop)
+        wanted = settings.prefetch and settings.type_ahead and settings.kv_cache_mb > 0
+        if not (wanted and uri) or should_stop():
+            return None
+        chain = engine.prefix_cache.chain(uri)
+        if chain is None or chain[1] is None:
+            return None
+        tokens, greedy_from = chain
+        if engine.decode(tokens[greedy_from:]).count("\n") >= PREFETCH_LINES:
+            return None  # already decoded ahead
+        from decoding import GenerationConfig
+
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=True)
+        return engine.generate(tokens, config, drafter, cancel=should_stop, cache_key=uri)

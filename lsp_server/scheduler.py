@@ -9,6 +9,9 @@ Why supersede instead of relying on ``$/cancelRequest``: Neovim's client never c
 requests, so a newer request on the same document (the user typed on) resolves the older one at
 once as ``superseded`` and stops its decode within one engine step. The scheduler is generic over
 the job callable, so its logic is tested without a model.
+
+Background jobs (prefetch, indexing draft sources) use the worker only while no request needs
+it: any request's arrival stops every background job at its next step and skips queued ones.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Ticket:
     cancel: threading.Event = field(default_factory=threading.Event)
     superseded: bool = False
     enqueued_at: float = 0.0
+    background: bool = False
 
     def budget_exhausted(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -79,6 +83,7 @@ class Scheduler:
         self.name = name
         self._queue: queue.SimpleQueue[tuple[Ticket, Job] | None] = queue.SimpleQueue()
         self._active: dict[str, Ticket] = {}  # key -> newest ticket; touched on the loop thread only
+        self._background: set[Ticket] = set()  # background tickets not finished yet; loop thread only
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -97,6 +102,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + budget_s if budget_s else None
         ticket = Ticket(key=key, future=loop.create_future(), loop=loop, deadline=deadline)
+        self.preempt_background()
         self.supersede(key)
         self._active[key] = ticket
         try:
@@ -115,6 +121,34 @@ class Scheduler:
             if self._active.get(key) is ticket:
                 del self._active[key]
 
+    async def run_background(self, job: Job[T]) -> Outcome[T]:
+        """Run ``job`` when the worker is free; any request arriving meanwhile stops or skips it."""
+        if self._closed:
+            return Outcome("cancelled")
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(key="(background)", future=loop.create_future(), loop=loop, background=True)
+        self._background.add(ticket)
+        try:
+            self._start_worker()
+            ticket.enqueued_at = time.monotonic()
+            self._queue.put((ticket, job))
+            return await ticket.future
+        except asyncio.CancelledError:
+            ticket.cancel.set()
+            raise
+        finally:
+            self._background.discard(ticket)
+
+    def preempt_background(self) -> int:
+        """Stop every background job now (a request needs the worker); how many were stopped."""
+        stopped = 0
+        for ticket in list(self._background):
+            if not ticket.cancel.is_set():
+                ticket.superseded = True
+                ticket.cancel.set()
+                stopped += 1
+        return stopped
+
     def supersede(self, key: str) -> bool:
         """Stop the live job for ``key``, if any, and answer it now as superseded."""
         previous = self._active.pop(key, None)
@@ -132,7 +166,7 @@ class Scheduler:
     def close(self, timeout_s: float = 1.0) -> None:
         """Stop every job and the worker; safe to call twice and from a non-loop thread."""
         self._closed = True
-        for ticket in list(self._active.values()):
+        for ticket in [*self._active.values(), *self._background]:
             ticket.cancel.set()
         self._queue.put(None)
         thread = self._thread

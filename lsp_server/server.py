@@ -15,7 +15,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from lsp_server import __version__, lifecycle
-from lsp_server.completion import Completion, CompletionService
+from lsp_server.completion import ACCEPTED_COMMAND, Completion, CompletionService
 from lsp_server.config import SECTION, Layered, Settings, layer
 from lsp_server.documents import open_document, use_lsp_line_model
 from lsp_server.model_host import ModelHost
@@ -44,7 +44,7 @@ class CompletionServer(LanguageServer):
         self.host = ModelHost()
         self.scheduler = Scheduler()
         self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings,
-                                         lambda: self.workspace.text_documents.values())
+                                         lambda: self.workspace.text_documents)
         self.is_initialized = False
         self.shutdown_requested = False
         self.exit_code: int | None = None
@@ -56,6 +56,8 @@ class CompletionServer(LanguageServer):
         """Make ``lower`` + ``payload`` the settings in effect; reload the model if it changed."""
         result = layer(self.settings, lower, payload)
         previous, self.settings = self.settings, result.settings
+        if previous != self.settings:
+            self.service.memory.clear()
         if self.is_initialized:
             self.tell_about(result, origin)
             if previous.model_key() != self.settings.model_key():
@@ -75,6 +77,7 @@ class CompletionServer(LanguageServer):
             self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=message))
 
     def start_load(self) -> None:
+        self.service.memory.clear()  # answers of the previous model must not be replayed
         self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.settings))
 
     # -- process lifecycle -------------------------------------------------------------------------
@@ -93,7 +96,8 @@ class CompletionServer(LanguageServer):
 def _inline_items(found: Completion | None) -> types.InlineCompletionList:
     if found is None:
         return types.InlineCompletionList(items=[])
-    item = types.InlineCompletionItem(insert_text=found.text, range=found.range)
+    item = types.InlineCompletionItem(insert_text=found.text, range=found.range,
+                                      command=found.accepted_command())
     return types.InlineCompletionList(items=[item])
 
 
@@ -107,7 +111,7 @@ def _completion_items(found: Completion | None) -> types.CompletionList:
     item = types.CompletionItem(
         label=label, kind=types.CompletionItemKind.Text, detail="lsp_server: rest of the line",
         sort_text="0", filter_text=found.text, insert_text_format=types.InsertTextFormat.PlainText,
-        text_edit=types.TextEdit(range=found.range, new_text=found.text))
+        text_edit=types.TextEdit(range=found.range, new_text=found.text), command=found.accepted_command())
     return types.CompletionList(is_incomplete=True, items=[item])
 
 
@@ -144,6 +148,11 @@ def create_server(cli: Layered) -> CompletionServer:
     def did_close(ls: CompletionServer, params: types.DidCloseTextDocumentParams) -> None:
         for kind in ("inline", "completion"):  # nobody wants a completion for a closed document
             ls.scheduler.supersede(f"{kind}:{params.text_document.uri}")
+        ls.service.forget(params.text_document.uri)
+
+    @server.command(ACCEPTED_COMMAND)  # pygls checks the arguments against the signature
+    def accepted(ls: CompletionServer, uri: str, text: str) -> None:
+        ls.service.accepted(uri, text)
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: CompletionServer,
@@ -165,6 +174,7 @@ def create_server(cli: Layered) -> CompletionServer:
     @server.feature(STATS_METHOD)
     def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
         return {**ls.stats.snapshot(), "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
+                "kv_cache": ls.host.cache_snapshot(), "draft_sources": ls.host.sources.snapshot(),
                 "position_encoding": _value(ls.workspace.position_encoding), "version": __version__}
 
     @server.feature(types.SHUTDOWN)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY_WINDOW = 2000  # the most recent answers that the percentiles describe
+PHASES = ("queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -53,6 +54,13 @@ class ServerStats:
     target_passes: int = 0
     drafters: dict[str, DrafterTotals] = field(default_factory=dict)
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    known_tokens: int = 0  # tokens answered from a document's greedy chain, without a pass
+    reuse: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("repeated", "typed_ahead", "from_chain", "accepted"), 0))
+    prefetch: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("runs", "completed", "preempted", "tokens", "target_passes"), 0))
+    phases_ms: dict[str, deque] = field(default_factory=lambda: {
+        name: deque(maxlen=LATENCY_WINDOW) for name in PHASES})
 
     def answer(self, latency_ms: float, *, empty: bool) -> None:
         self.answered += 1
@@ -66,10 +74,25 @@ class ServerStats:
         self.stop_reasons[result.stop_reason] = self.stop_reasons.get(result.stop_reason, 0) + 1
         self.produced_tokens += stats.produced_tokens
         self.target_passes += stats.target_passes
+        self.known_tokens += stats.known_tokens
         for name, per in stats.drafters.items():
             totals = self.drafters.setdefault(name, DrafterTotals())
             totals.proposed += per.proposed
             totals.accepted += per.accepted
+
+    def record_prefetch(self, result: Any) -> None:
+        """A decode ahead in idle time; counted apart, so request statistics stay about requests."""
+        self.prefetch["runs"] += 1
+        self.prefetch["preempted" if result.stop_reason == "cancelled" else "completed"] += 1
+        self.prefetch["tokens"] += result.stats.produced_tokens
+        self.prefetch["target_passes"] += result.stats.target_passes
+
+    def record_phases(self, *, queue_ms: float, prompt_ms: float, stats: Any, post_ms: float) -> None:
+        """Where an answered decode's time went (``stats``: its ``decoding.GenerationStats``)."""
+        other = max(0.0, stats.decode_ms - stats.draft_ms - stats.verify_ms)
+        for name, ms in zip(PHASES, (queue_ms, prompt_ms, stats.prefill_ms, stats.draft_ms, stats.verify_ms,
+                                     other, post_ms), strict=True):
+            self.phases_ms[name].append(ms)
 
     def snapshot(self) -> dict[str, Any]:
         latencies = list(self.latencies_ms)
@@ -88,4 +111,10 @@ class ServerStats:
             "tokens_per_pass": (round(self.produced_tokens / self.target_passes, 4)
                                 if self.target_passes else None),
             "drafters": {name: totals.to_dict() for name, totals in self.drafters.items()},
+            "known_tokens": self.known_tokens,
+            "reuse": dict(self.reuse),
+            "prefetch": dict(self.prefetch),
+            "phases_ms": {name: {"p50": percentile(list(values), 50), "p95": percentile(list(values), 95),
+                                 "mean": round(sum(values) / len(values), 2) if values else None}
+                          for name, values in self.phases_ms.items()},
         }

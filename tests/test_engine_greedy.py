@@ -126,7 +126,7 @@ class RejectAt:
         self.truth, self.prompt_len, self.wrong, self.length = truth, prompt_len, wrong, length
         self.accepted: list[int] = []
 
-    def begin(self, prompt, sampling, generator) -> None:
+    def begin(self, prompt, sampling, generator, session=None) -> None:
         pass
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:

@@ -274,3 +274,36 @@ def test_after_indentation_healing_writes_the_next_statement(default_model):
     plain, healed_text = healed(engine, text)
     assert not plain.strip()  # the slip: an empty line
     assert healed_text == "self.y = y"
+
+
+# -- healing with the per-document prefix cache -----------------------------------------------------------
+
+
+def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
+    """Known greedy continuations serve a healed prompt only where they spell the required text,
+    and a token healing forced never enters the greedy chain that later requests reuse."""
+    from decoding.kv_cache import PrefixCache
+    from tests.reference import plain_greedy
+
+    index = HealingIndex(token_bytes_table(TOK, VOCAB))
+    rng = random.Random(5)
+    used_known = 0
+    for case in range(40):
+        target = tiny_targets[case % len(tiny_targets)]
+        engine = SpeculativeEngine(loaded(target, TOK), prefix_cache=PrefixCache(1 << 26))
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 12))]
+        first = engine.generate(prompt, GenerationConfig(max_new_tokens=12), cache_key="doc")
+        assert first.token_ids == plain_greedy(target, prompt, 12)
+        # A healed prompt on the chain: the chain's next token's text, or something else.
+        chain = prompt + first.token_ids
+        cut = rng.randint(len(prompt), len(chain) - 2)
+        required = TOK.pieces[chain[cut]] if rng.random() < 0.5 else rng.choice(REQUIRED)
+        want = masked_greedy(target, index, chain[:cut], required, 10)
+        healed = engine.generate(chain[:cut], GenerationConfig(max_new_tokens=10, required_prefix=required),
+                                 cache_key="doc")
+        assert healed.token_ids == want, f"case {case}"
+        used_known += healed.stats.known_tokens > 0
+        # Whatever healing forced is not replayed as the model's own greedy choice.
+        again = engine.generate(chain[:cut], GenerationConfig(max_new_tokens=10), cache_key="doc")
+        assert again.token_ids == plain_greedy(target, chain[:cut], 10), f"case {case}"
+    assert used_known > 0

@@ -163,3 +163,29 @@ async def test_close_stops_the_worker_and_later_runs_are_cancelled():
     assert (await asyncio.wait_for(task, GUARD_S)).status == "cancelled"
     assert (await sched.run("doc", SpinJob(steps=1))).status == "cancelled"
     assert sched._thread is not None and not sched._thread.is_alive()
+
+
+async def test_a_background_job_runs_when_the_worker_is_free(scheduler):
+    outcome = await asyncio.wait_for(scheduler.run_background(SpinJob(steps=3)), GUARD_S)
+    assert outcome.status == "done" and outcome.value == 3
+
+
+async def test_any_request_stops_a_running_background_job_and_skips_a_queued_one(scheduler):
+    running, queued = SpinJob(), SpinJob()
+    first = asyncio.ensure_future(scheduler.run_background(running))
+    second = asyncio.ensure_future(scheduler.run_background(queued))
+    await wait_started(running)
+    request = await asyncio.wait_for(scheduler.run("other-doc", SpinJob(steps=2)), GUARD_S)
+    assert request.status == "done" and request.value == 2
+    assert running.stopped_early.is_set()
+    assert (await asyncio.wait_for(first, GUARD_S)).status == "superseded"
+    assert (await asyncio.wait_for(second, GUARD_S)).status == "superseded"
+    assert queued.calls == 0
+
+
+async def test_cancelling_the_task_awaiting_a_background_job_stops_the_job(scheduler):
+    job = SpinJob()
+    task = asyncio.ensure_future(scheduler.run_background(job))
+    await wait_started(job)
+    task.cancel()
+    assert await asyncio.to_thread(job.stopped_early.wait, GUARD_S)

@@ -3,8 +3,6 @@ LSP line breaks and cursor positions, statistics."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from lsprotocol import types
 from pygls.workspace import PositionCodec
@@ -41,7 +39,8 @@ def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
     ("maxNewTokens", 0), ("maxNewTokens", "64"), ("maxNewTokens", 2.5), ("maxNewTokens", True),
     ("contextTokens", 10**9), ("debounceMs", -1), ("timeBudgetMs", None), ("enabled", "yes"),
     ("drafter", "fast"), ("device", "tpu"), ("dtype", "int4"), ("model", ""), ("model", 3),
-    ("draftModel", 5), ("multiline", 1), ("multiline", "sometimes"), ("maxLines", 0), ("fimTemplate", "gpt"),
+    ("draftModel", 5), ("multiline", 1), ("kvCacheMb", -1), ("typeAhead", "on"), ("prefetch", None),
+    ("decoder", "llama.cpp"), ("multiline", "sometimes"), ("maxLines", 0), ("fimTemplate", "gpt"),
     ("neighborSnippets", 11), ("tokenHealing", "on"),
 ])
 def test_a_bad_value_keeps_the_current_one_and_says_why(key, value):
@@ -75,7 +74,8 @@ def test_the_model_drafter_needs_a_draft_model():
 def test_to_lsp_uses_the_documented_names():
     assert set(config.Settings().to_lsp()) == {
         "model", "draftModel", "drafter", "device", "dtype", "maxNewTokens", "contextTokens", "debounceMs",
-        "timeBudgetMs", "enabled", "multiline", "maxLines", "fimTemplate", "neighborSnippets", "tokenHealing"}
+        "timeBudgetMs", "enabled", "multiline", "kvCacheMb", "typeAhead", "prefetch", "decoder", "maxLines",
+        "fimTemplate", "neighborSnippets", "tokenHealing"}
 
 
 def test_the_context_setting_names_match_their_modules():
@@ -199,13 +199,20 @@ def test_locate_clamps_the_character_and_rejects_lines_past_the_end():
 def test_percentiles_and_generation_totals():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
+    from decoding.engine import DrafterStats, GenerationResult, GenerationStats
+
     stats = ServerStats()
-    per = SimpleNamespace(proposed=8, accepted=6)
-    result = SimpleNamespace(stop_reason="stop", stats=SimpleNamespace(
-        produced_tokens=12, target_passes=4, drafters={"ngram": per}))
-    stats.record_generation(result)
+    generation = GenerationStats(produced_tokens=12, target_passes=4, known_tokens=5, prefill_ms=30.0,
+                                 decode_ms=100.0, draft_ms=10.0, verify_ms=80.0,
+                                 drafters={"ngram": DrafterStats(drafts=2, proposed=8, accepted=6)})
+    stats.record_generation(GenerationResult("x", [1], "stop", generation))
+    stats.record_phases(queue_ms=1.0, prompt_ms=2.0, stats=generation, post_ms=0.5)
     stats.answer(10.0, empty=False)
     snap = stats.snapshot()
     assert snap["tokens_per_pass"] == 3.0 and snap["stop_reasons"] == {"stop": 1}
+    assert snap["known_tokens"] == 5
     assert snap["drafters"] == {"ngram": {"proposed": 8, "accepted": 6, "acceptance": 0.75}}
     assert snap["latency_ms"] == {"p50": 10.0, "p95": 10.0} and snap["answered"] == 1
+    phases = {name: value["p50"] for name, value in snap["phases_ms"].items()}
+    assert phases == {"queue": 1.0, "prompt": 2.0, "prefill": 30.0, "draft": 10.0, "verify": 80.0,
+                      "decode_other": 10.0, "postprocess": 0.5}

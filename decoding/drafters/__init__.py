@@ -13,8 +13,10 @@ DRAFTER_NAMES = ("none", "ngram", "model", "auto")
 
 
 def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: CostModel | None = None,
-                 max_draft: int = 8) -> Drafter | None:
-    """``none`` gives None (plain decoding); ``model`` needs ``draft_model``."""
+                 max_draft: int = 8, session_cache_bytes: int = 0) -> Drafter | None:
+    """``none`` gives None (plain decoding); ``model`` needs ``draft_model``.
+
+    ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -22,9 +24,13 @@ def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: Cos
     if name == "model":
         if draft_model is None:
             raise ValueError("the 'model' drafter needs a draft model (--draft-model)")
-        return ModelDrafter(draft_model, max_draft=max_draft, cost=cost)
+        return ModelDrafter(draft_model, max_draft=max_draft, cost=cost,
+                            session_cache_bytes=session_cache_bytes)
     if name == "auto":
-        model = ModelDrafter(draft_model, max_draft=max_draft, cost=cost) if draft_model else None
+        model = None
+        if draft_model is not None:
+            model = ModelDrafter(draft_model, max_draft=max_draft, cost=cost,
+                                 session_cache_bytes=session_cache_bytes)
         return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
 

@@ -35,10 +35,10 @@ class AutoDrafter:
         self._skipped: dict[str, int] = {}
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None) -> None:
-        self.ngram.begin(prompt, sampling, generator)
+              generator: torch.Generator | None, session: str | None = None) -> None:
+        self.ngram.begin(prompt, sampling, generator, session)
         if self.model is not None:
-            self.model.begin(prompt, sampling, generator)
+            self.model.begin(prompt, sampling, generator, session)
 
     def _probe(self, key: str) -> bool:
         self._skipped[key] = self._skipped.get(key, 0) + 1

@@ -35,8 +35,11 @@ class Drafter(Protocol):
     name: str
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None) -> None:
-        """A new generation starts from ``prompt``; sampled drafters must draw with ``sampling``."""
+              generator: torch.Generator | None, session: str | None = None) -> None:
+        """A new generation starts from ``prompt``; sampled drafters must draw with ``sampling``.
+
+        ``session`` names the token stream (the server passes the document), so a drafter with
+        per-stream state (a draft model's KV cache) can keep one per document."""
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         """Up to ``max_len`` tokens expected to follow ``tokens``; an empty draft means "don't speculate"."""

@@ -2,7 +2,8 @@
 
 The cache is kept between proposals and rolled back by comparing the sequence the engine passes
 in with the tokens the cache holds: rejected draft tokens are cropped off, accepted ones are
-already there, and only the target's correction token has to be fed.
+already there, and only the target's correction token has to be fed. With sessions (documents),
+each keeps its own cache in a ``PrefixCache``, so switching documents doesn't re-feed a prompt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, common_prefix_length
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
 
@@ -22,7 +24,8 @@ from decoding.verify import SamplingParams, sample, sampling_probs
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, draft: LoadedModel, max_draft: int = 8, cost: CostModel | None = None) -> None:
+    def __init__(self, draft: LoadedModel, max_draft: int = 8, cost: CostModel | None = None,
+                 session_cache_bytes: int = 0) -> None:
         self.draft = draft
         self.max_draft = max_draft
         self.cost = cost or CostModel.for_device(draft.device.type)
@@ -32,10 +35,19 @@ class ModelDrafter:
         self._generator: torch.Generator | None = None
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self._session: str | None = None
+        self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None) -> None:
+              generator: torch.Generator | None, session: str | None = None) -> None:
         self._sampling, self._generator = sampling, generator
+        if session is None or session == self._session:
+            return
+        if self._session is not None and self._cache is not None:
+            self.sessions.put(self._session, self._cached, self._cache)
+        self._session = session
+        borrowed = self.sessions.take(session, prompt)
+        self._cache, self._cached = borrowed.cache, list(prompt[:borrowed.reused])
 
     @property
     def relative_cost(self) -> float:

@@ -100,7 +100,7 @@ class NgramDrafter:
 
     # -- Drafter ---------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None) -> None:
+              generator: torch.Generator | None, session: str | None = None) -> None:
         self._live.sync(prompt)
 
     def lookup(self, tokens: Sequence[int], max_len: int) -> Match | None:

@@ -1,0 +1,458 @@
+"""Keystroke replay: real code typed at a human pace through the real server, configurations side by side.
+
+What a user feels is the time from a keystroke to the suggestion, and whether the suggestion is
+what they were about to type. This benchmark replays exactly that. Each file of the corpus is
+opened with a stretch of lines cut out of it, and the stretch is typed back character by
+character: a `didChange` per keystroke, and an automatic `textDocument/inlineCompletion` request
+after each one, never cancelled by the client (as Neovim does; the server must supersede). Enter
+inserts the newline and the next line's indentation at once, as an editor's auto-indent does.
+The pace is seeded and human-like: a base rate with jitter, longer pauses after punctuation and
+at line ends.
+
+Every configuration replays the same keystrokes at the same times, one server process each, the
+files interleaved (file 1 in every configuration, then file 2, ...), so the machine's load hits
+all of them alike; speed is reported as ratios against the baseline measured in the same run.
+
+For each request it records the time to the answer, whether a newer keystroke had already made it
+stale, and whether the suggestion matched the rest of the line the user went on to type (exactly,
+and as characters saved: the common prefix). The headline numbers are over requests at typing
+pauses (the next keystroke at least ``--pause-ms`` later), which are the ones a user waits on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+from benchmarks.decode_bench import stdlib_files, write_json
+
+log = logging.getLogger("benchmarks.replay")
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay.json"
+STATS = "lsp_server/stats"
+CONFIGS: dict[str, dict[str, Any]] = {
+    # The server as shipped: every default.
+    "shipped": {},
+    # The baseline: plain greedy generation on the full prompt, nothing kept between keystrokes.
+    "baseline": {"drafter": "none", "kvCacheMb": 0, "typeAhead": False, "prefetch": False},
+    # A peer decoding path: transformers' generate(prompt_lookup_num_tokens=10) on the full prompt.
+    "hf_prompt_lookup": {"decoder": "transformers", "drafter": "ngram", "kvCacheMb": 0, "typeAhead": False,
+                         "prefetch": False},
+    # Ablations, to see where the gain comes from.
+    "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
+    "reuse_only": {"drafter": "none"},
+}
+DEFAULT_CONFIGS = "shipped,baseline,hf_prompt_lookup"
+PUNCTUATION_PAUSE = set("(),:.=[]{}")
+ANSWER_GUARD_S = 120.0  # a hang guard for the run, not a latency expectation
+
+
+# -- the typing script ------------------------------------------------------------------------------
+@dataclass
+class Keystroke:
+    at_s: float  # seconds after the replay's start
+    text: str  # inserted at the cursor (one character, or a newline plus indentation)
+
+
+@dataclass
+class Segment:
+    """A stretch of a file to type back: the document starts as ``head + tail``."""
+
+    file: str
+    head: str
+    typed: str
+    tail: str
+
+
+def pick_segment(rel: str, text: str, rng: random.Random, lines: int) -> Segment | None:
+    """``lines`` consecutive lines with code on most of them, after at least 30 lines of context."""
+    all_lines = text.splitlines(keepends=True)
+    if len(all_lines) < 40 + lines:
+        return None
+    for _ in range(20):
+        start = rng.randrange(30, len(all_lines) - lines)
+        chunk = all_lines[start:start + lines]
+        code = [line for line in chunk if line.strip() and not line.strip().startswith(("#", '"', "'"))]
+        if len(code) >= lines * 0.7 and max(len(line) for line in chunk) < 100:
+            # Typing starts after the first line's indentation, where an editor leaves the cursor.
+            first = chunk[0]
+            indent = first[: len(first) - len(first.lstrip())]
+            head = "".join(all_lines[:start]) + indent
+            typed = "".join(chunk)[len(indent):].rstrip("\n")
+            tail = "\n" + "".join(all_lines[start + lines:])
+            return Segment(rel, head, typed, tail)
+    return None
+
+
+def typing_script(typed: str, cps: float, rng: random.Random) -> list[Keystroke]:
+    """Keystrokes with human-like timing; Enter brings the next line's indentation with it."""
+    keys: list[Keystroke] = []
+    now, i = 0.5, 0
+    base = 1.0 / cps
+    while i < len(typed):
+        ch = typed[i]
+        if ch == "\n":
+            j = i + 1
+            while j < len(typed) and typed[j] in " \t":
+                j += 1
+            now += rng.uniform(0.6, 1.4)  # a pause at the end of a line: reading, thinking
+            keys.append(Keystroke(now, typed[i:j]))
+            i = j
+            continue
+        now += base * rng.lognormvariate(0.0, 0.35)
+        if keys and keys[-1].text[-1:] in PUNCTUATION_PAUSE and rng.random() < 0.5:
+            now += rng.uniform(0.25, 0.6)
+        keys.append(Keystroke(now, ch))
+        i += 1
+    return keys
+
+
+# -- one request's record ---------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    config: str
+    file: str
+    key: int  # index of the keystroke the request followed
+    sent_s: float
+    latency_ms: float | None  # None: no answer before the run's guard ran out (should not happen)
+    stale: bool  # a newer keystroke was sent before the answer arrived
+    at_pause: bool  # the next keystroke came at least --pause-ms later (or never)
+    suggestion: str | None
+    rest_of_line: str  # what the user went on to type on this line
+    exact: bool
+    saved_chars: int  # common prefix of the suggestion and the rest of the line
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# -- the client -------------------------------------------------------------------------------------
+class ReplayClient:
+    """The real server process over stdio, driven with pygls' own client."""
+
+    def __init__(self, name: str, options: dict[str, Any], model: str | None) -> None:
+        self.name, self.options, self.model = name, options, model
+        self.client = LanguageClient("replay", "1")
+
+    async def start(self) -> None:
+        args = [sys.executable, "-m", "lsp_server", "--stdio", "--log-level", "WARNING"]
+        if self.model:
+            args += ["--model", self.model]
+        await self.client.start_io(*args)
+        caps = types.ClientCapabilities(text_document=types.TextDocumentClientCapabilities(
+            inline_completion=types.InlineCompletionClientCapabilities()))
+        await asyncio.wait_for(self.client.initialize_async(types.InitializeParams(
+            capabilities=caps, initialization_options=self.options)), ANSWER_GUARD_S)
+        self.client.initialized(types.InitializedParams())
+        deadline = time.monotonic() + 600
+        while (await self.stats())["model"]["status"] != "ready":
+            if (await self.stats())["model"]["status"] == "failed" or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: the model did not load: {(await self.stats())['model']}")
+            await asyncio.sleep(0.2)
+
+    async def stats(self) -> dict[str, Any]:
+        result = await asyncio.wait_for(self.client.protocol.send_request_async(STATS, {}), ANSWER_GUARD_S)
+        return _plain(result)
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.client.shutdown_async(None), 30)
+            self.client.exit(None)
+        finally:
+            await self.client.stop()
+
+    def open(self, uri: str, text: str) -> None:
+        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+
+    def close(self, uri: str) -> None:
+        self.client.text_document_did_close(types.DidCloseTextDocumentParams(
+            text_document=types.TextDocumentIdentifier(uri=uri)))
+
+    def insert(self, uri: str, version: int, line: int, character: int, text: str) -> None:
+        at = types.Position(line, character)
+        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)]))
+
+    def request(self, uri: str, line: int, character: int) -> asyncio.Future:
+        automatic = types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)
+        params = types.InlineCompletionParams(context=automatic, position=types.Position(line, character),
+                                              text_document=types.TextDocumentIdentifier(uri=uri))
+        return asyncio.ensure_future(self.client.text_document_inline_completion_async(params))
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+async def replay_segment(client: ReplayClient, segment: Segment, keys: Sequence[Keystroke], number: int,
+                         pause_ms: float) -> list[RequestRecord]:
+    """Type ``segment`` into a fresh document on ``client``; one record per request."""
+    uri = f"file:///replay/{number}/{Path(segment.file).name}"
+    client.open(uri, segment.head + segment.tail)
+    typed = ""
+    line = segment.head.count("\n")
+    column = _utf16_len(segment.head[segment.head.rfind("\n") + 1:])
+    pending: list[tuple[int, float, asyncio.Future, str]] = []
+    answered_at: dict[int, float] = {}
+    start = time.monotonic()
+    for index, key in enumerate(keys):
+        delay = key.at_s - (time.monotonic() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        client.insert(uri, index + 2, line, column, key.text)
+        typed += key.text
+        if "\n" in key.text:
+            line += key.text.count("\n")
+            column = _utf16_len(key.text.rsplit("\n", 1)[1])
+        else:
+            column += _utf16_len(key.text)
+        rest = segment.typed[len(typed):].split("\n", 1)[0]
+        future = client.request(uri, line, column)
+        sent = time.monotonic() - start
+        future.add_done_callback(lambda _f, i=index: answered_at.setdefault(i, time.monotonic() - start))
+        pending.append((index, sent, future, rest))
+    await asyncio.wait([f for _, _, f, _ in pending], timeout=ANSWER_GUARD_S)
+    client.close(uri)
+    records = []
+    for index, sent, future, rest in pending:
+        suggestion = None
+        if future.done() and not future.cancelled() and future.exception() is None:
+            items = future.result().items if future.result() is not None else []
+            suggestion = items[0].insert_text if items else None
+        answer = answered_at.get(index)
+        next_key = keys[index + 1].at_s if index + 1 < len(keys) else math.inf
+        stale = answer is None or answer > next_key
+        text = suggestion.rstrip() if isinstance(suggestion, str) else None
+        records.append(RequestRecord(
+            config=client.name, file=segment.file, key=index, sent_s=round(sent, 4),
+            latency_ms=round((answer - sent) * 1000, 2) if answer is not None else None, stale=stale,
+            at_pause=(next_key - keys[index].at_s) * 1000 >= pause_ms, suggestion=suggestion,
+            rest_of_line=rest, exact=bool(text) and text == rest.rstrip(),
+            saved_chars=common_prefix(text, rest) if text else 0))
+    return records
+
+
+# -- summary ----------------------------------------------------------------------------------------
+def pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)], 1)
+
+
+def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]],
+              typed_chars: int, baseline: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r.config for r in records):
+        mine = [r for r in records if r.config == name]
+        pauses = [r for r in mine if r.at_pause and r.latency_ms is not None]
+        shown = [r for r in pauses if r.suggestion]
+        s = stats.get(name, {})
+        out[name] = {
+            "requests": len(mine), "unanswered": sum(r.latency_ms is None for r in mine),
+            "at_pauses": len(pauses),
+            "p50_ms_at_pauses": pct([r.latency_ms for r in pauses], 50),
+            "p95_ms_at_pauses": pct([r.latency_ms for r in pauses], 95),
+            "p50_ms_all": pct([r.latency_ms for r in mine if r.latency_ms is not None], 50),
+            "stale_share": round(sum(r.stale for r in mine) / len(mine), 3) if mine else None,
+            "suggestion_share_at_pauses": round(len(shown) / len(pauses), 3) if pauses else None,
+            "exact_at_pauses": round(sum(r.exact for r in pauses) / len(pauses), 3) if pauses else None,
+            "saved_chars_share": (round(sum(r.saved_chars for r in pauses) / typed_chars, 3)
+                                  if typed_chars else None),
+            "tokens_per_pass": s.get("tokens_per_pass"),
+            "reused_share": (s.get("kv_cache") or {}).get("reused_share"),
+            "from_chain": (s.get("reuse") or {}).get("from_chain"),
+            "budget_exhausted": s.get("budget_exhausted"),
+            "phases_mean_ms": {k: v.get("mean") for k, v in (s.get("phases_ms") or {}).items()},
+        }
+    base = out.get(baseline, {})
+    for row in out.values():
+        for key in ("p50_ms_at_pauses", "p95_ms_at_pauses"):
+            b, v = base.get(key), row.get(key)
+            row[f"{key}_x_faster_than_{baseline}"] = round(b / v, 2) if b and v else None
+    return out
+
+
+def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
+    cols = [("config", "{}"), ("p50 pause ms", "{}"), ("p95 pause ms", "{}"), (f"x {baseline} p50", "{}"),
+            ("tok/pass", "{}"), ("reused", "{}"), ("exact", "{}"), ("saved", "{}"), ("stale", "{}")]
+    rows = []
+    for name, s in summary.items():
+        rows.append([name, s["p50_ms_at_pauses"], s["p95_ms_at_pauses"],
+                     s[f"p50_ms_at_pauses_x_faster_than_{baseline}"], s["tokens_per_pass"], s["reused_share"],
+                     s["exact_at_pauses"], s["saved_chars_share"], s["stale_share"]])
+    cells = [[c for c, _ in cols]] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells)
+
+
+def format_phases(summary: dict[str, dict[str, Any]]) -> str:
+    lines = ["mean ms per answered decode: " + ", ".join(
+        ["queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess"])]
+    for name, s in summary.items():
+        phases = s["phases_mean_ms"]
+        lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
+    return "\n".join(lines)
+
+
+def plot(path: Path, records: Sequence[RequestRecord], configs: Sequence[str]) -> Path | None:
+    """The latency distribution at pauses per configuration (a log-scale box plot with points)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot")
+        return None
+    data = [[r.latency_ms for r in records if r.config == c and r.at_pause and r.latency_ms] for c in configs]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(configs), 4.2))
+    ax.boxplot([d or [float("nan")] for d in data], showfliers=False)
+    ax.set_xticks(range(1, len(configs) + 1), list(configs))
+    rng = random.Random(0)
+    for i, values in enumerate(data, start=1):
+        ax.scatter([i + rng.uniform(-0.18, 0.18) for _ in values], values, s=6, alpha=0.45)
+    ax.set_yscale("log")
+    ax.set_ylabel("keystroke to suggestion at typing pauses (ms)")
+    ax.set_title("keystroke replay, same keystrokes for every configuration", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    out = path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+# -- main -------------------------------------------------------------------------------------------
+def corpus_files(corpus: Sequence[str]) -> list[tuple[str, Path]]:
+    if not corpus:
+        return stdlib_files()
+    found = []
+    for entry in corpus:
+        path = Path(entry)
+        if path.is_dir():
+            found += [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*.py"))]
+        elif path.is_file():
+            found.append((path.name, path))
+        else:
+            raise SystemExit(f"replay: no such file or folder: {entry}")
+    if not found:
+        raise SystemExit("replay: the corpus holds no .py files")
+    return found
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", nargs="*", default=[], help="folders or .py files (default: the stdlib)")
+    parser.add_argument("--files", type=int, default=4, help="files to type from (default 4)")
+    parser.add_argument("--lines", type=int, default=10, help="lines typed per file (default 10)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cps", type=float, default=8.0, help="characters per second (default 8)")
+    parser.add_argument("--pause-ms", type=float, default=300.0,
+                        help="a request counts as at a pause when the next key comes this much later (300)")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated, from: {', '.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
+    parser.add_argument("--baseline", default="baseline", help="the configuration ratios are against")
+    parser.add_argument("--model", default=None, help="the server's --model (default: the embedded model)")
+    parser.add_argument("--options", default="{}", help="JSON settings added to every configuration")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    if args.baseline not in args.configs:
+        parser.error(f"the baseline {args.baseline!r} must be one of --configs")
+    args.options = json.loads(args.options)
+    return args
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    files = corpus_files(args.corpus)
+    segments: list[Segment] = []
+    order = list(range(len(files)))
+    rng.shuffle(order)
+    for i in order:
+        rel, path = files[i]
+        segment = pick_segment(rel, path.read_text(encoding="utf-8", errors="replace"), rng, args.lines)
+        if segment is not None:
+            segments.append(segment)
+        if len(segments) == args.files:
+            break
+    scripts = [typing_script(s.typed, args.cps, random.Random(f"{args.seed}:{s.file}")) for s in segments]
+    clients = {name: ReplayClient(name, {**CONFIGS[name], **args.options}, args.model)
+               for name in args.configs}
+    for client in clients.values():
+        await client.start()
+    records: list[RequestRecord] = []
+    try:
+        for number, (segment, keys) in enumerate(zip(segments, scripts, strict=True)):
+            for offset in range(len(clients)):  # rotate who goes first, so no config always follows a pause
+                name = args.configs[(number + offset) % len(args.configs)]
+                log.warning("file %d/%d %s: %s (%d keystrokes)", number + 1, len(segments), segment.file,
+                            name, len(keys))
+                records += await replay_segment(clients[name], segment, keys, number, args.pause_ms)
+                await asyncio.sleep(1.0)  # let its idle-time work finish before the next one starts
+        stats = {name: await client.stats() for name, client in clients.items()}
+    finally:
+        for client in clients.values():
+            await client.stop()
+    typed_chars = sum(len(s.typed) for s in segments)
+    summary = summarize(records, stats, typed_chars, args.baseline)
+    return {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "environment": {"python": platform.python_version(), "platform": platform.platform(),
+                            "cpu_count": os.cpu_count(),
+                            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+            "segments": [{"file": s.file, "typed_chars": len(s.typed), "keystrokes": len(k)}
+                         for s, k in zip(segments, scripts, strict=True)],
+            "summary": summary, "server_stats": stats, "records": [asdict(r) for r in records]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    payload = asyncio.run(run(args))
+    write_json(args.out, payload)
+    records = [RequestRecord(**r) for r in payload["records"]]
+    picture = plot(args.out, records, args.configs)
+    print(format_table(payload["summary"], args.baseline))
+    print(format_phases(payload["summary"]))
+    print(f"wrote {args.out}" + (f" and {picture}" if picture else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

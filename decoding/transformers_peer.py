@@ -1,0 +1,95 @@
+"""transformers' own ``generate()`` as a decoding path, so benchmarks can compare it side by side.
+
+Not the product's path: it prefills the whole prompt on every call (no KV reuse across requests)
+and its speculation cannot be gated by expected gain. It is here so the replay benchmark can run
+the same server with transformers' prompt lookup (``prompt_lookup_num_tokens``) or assisted
+generation (``assistant_model``) in place of this project's engine, and measure the difference
+rather than claim it. Stops, the cancel check and the result are the engine's, so both paths
+answer the same way; target forward passes are counted with a forward hook.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from decoding.engine import (
+    CancelCheck,
+    GenerationConfig,
+    GenerationResult,
+    GenerationStats,
+    SpeculativeEngine,
+    is_cancelled,
+)
+from decoding.models import LoadedModel
+
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value, used by decode_bench too
+
+
+class _StopWhen(StoppingCriteria):
+    """Ends generate() at a cancel, or once the new tokens' text holds a stop string or EOS."""
+
+    def __init__(self, engine: SpeculativeEngine, prompt_len: int, config: GenerationConfig,
+                 cancel: CancelCheck) -> None:
+        self.engine, self.prompt_len, self.config, self.cancel = engine, prompt_len, config, cancel
+        self.cancelled = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        if is_cancelled(self.cancel):
+            self.cancelled = True
+            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        new = input_ids[0, self.prompt_len:].tolist()
+        _, _, reason, _ = self.engine.cut_at_stop(new, self.config.stops, self.engine.target.eos_token_ids,
+                                                  self.config.max_new_tokens)
+        done = reason is not None
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+class TransformersDecoder:
+    """``model.generate()`` greedy, with prompt lookup (``ngram``/``auto``) or an assistant (``model``)."""
+
+    def __init__(self, engine: SpeculativeEngine, draft: LoadedModel | None = None) -> None:
+        self.engine, self.draft = engine, draft
+        self._passes = 0
+        engine.target.model.register_forward_hook(self._count_pass)
+        eos = sorted(engine.target.eos_token_ids)
+        pad = getattr(engine.target.tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else (eos[0] if eos else 0)
+
+    def _count_pass(self, module: torch.nn.Module, args: object, output: object) -> None:
+        self._passes += 1
+
+    def _method_kwargs(self, drafter_name: str) -> tuple[str, dict]:
+        if drafter_name in ("ngram", "auto"):
+            return "hf_prompt_lookup", {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
+        if drafter_name == "model" and self.draft is not None:
+            return "hf_assisted", {"assistant_model": self.draft.model}
+        return "hf_greedy", {}
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig, drafter_name: str,
+                 cancel: CancelCheck = None) -> GenerationResult:
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        if config.max_new_tokens <= 0 or not prompt_ids or is_cancelled(cancel):
+            return GenerationResult("", [], "cancelled" if prompt_ids else "max_tokens", stats)
+        _, kwargs = self._method_kwargs(drafter_name)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.engine.target.device)
+        stop = _StopWhen(self.engine, len(prompt_ids), config, cancel)
+        self._passes = 0
+        started = time.perf_counter()
+        out = self.engine.target.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=config.max_new_tokens, do_sample=False,
+            pad_token_id=self.pad_token_id, stopping_criteria=StoppingCriteriaList([stop]), **kwargs)
+        stats.decode_ms = (time.perf_counter() - started) * 1000
+        stats.target_passes = self._passes
+        new = out[0, len(prompt_ids):].tolist()
+        kept, text, reason, consumed = self.engine.cut_at_stop(
+            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens)
+        if stop.cancelled:
+            reason = "cancelled"
+        # generate() reports no per-draft acceptance; tokens per target pass is what it tells.
+        stats.new_tokens, stats.produced_tokens = len(kept), consumed
+        return GenerationResult(text=text, token_ids=kept, stop_reason=reason or "max_tokens", stats=stats)
