@@ -156,6 +156,8 @@ class ContextBuilder:
         self.snippets = SnippetIndex()
 
     def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
+        """The prompt for ``request``: at most ``budget_tokens`` ids, exactly the encoding of its
+        text (healing only removes whole tokens from the end)."""
         budget = max(int(request.budget_tokens), 1)
         spec = detect(request.language_id, request.uri)
         text = request.text
