@@ -103,6 +103,15 @@ class CompletionProtocol(LanguageServerProtocol):
     def _reject(self, msg_id: Any, error: JsonRpcException) -> None:
         self._send_response(msg_id, error=error.to_response_error())
 
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        """A cancel that crossed its request's answer on the wire is routine (editors cancel at
+        every keystroke) and LSP says to ignore it; pygls logs a warning, which Neovim copies
+        into its LSP log as an error."""
+        if msg_id not in self._request_futures:
+            log.debug("$/cancelRequest for %s: already answered", msg_id)
+            return
+        super()._handle_cancel_notification(msg_id)
+
 
 def _repair(body: bytes) -> bytes:
     try:
