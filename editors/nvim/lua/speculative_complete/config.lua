@@ -11,8 +11,18 @@ M.defaults = {
   args = { '--stdio', '--log-level', 'WARNING' },
   -- Buffers of these filetypes start (or reuse) the one server process.
   filetypes = {
-    'python', 'lua', 'javascript', 'javascriptreact', 'typescript', 'typescriptreact',
-    'go', 'rust', 'c', 'cpp', 'java', 'sh',
+    'python',
+    'lua',
+    'javascript',
+    'javascriptreact',
+    'typescript',
+    'typescriptreact',
+    'go',
+    'rust',
+    'c',
+    'cpp',
+    'java',
+    'sh',
   },
   -- The server's settings (README, "Settings"): sent as init_options and on workspace/configuration.
   settings = {},

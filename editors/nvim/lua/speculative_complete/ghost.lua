@@ -25,7 +25,15 @@ local options = { debounce_ms = 75, enabled = true }
 ---@field finish integer[] {row, col} where the replaced text ends
 ---@field text string what start..finish becomes
 
----@type table<integer, {client_id: integer, timer: uv.uv_timer_t, seq: integer, request_id: integer?, shown: speculative_complete.Shown?, group: integer}>
+---@class speculative_complete.Buffer
+---@field client_id integer
+---@field timer uv.uv_timer_t the debounce
+---@field seq integer bumped by every request and cancel: answers with an older one are ignored
+---@field request_id integer? the request in flight
+---@field shown speculative_complete.Shown? the suggestion drawn now
+---@field group integer the buffer's augroup
+
+---@type table<integer, speculative_complete.Buffer>
 local buffers = {}
 
 --- The state a request is made for; nil unless in Insert mode in `bufnr`'s window.
@@ -179,9 +187,13 @@ local function on_change(bufnr)
   M.dismiss(bufnr)
   local state = buffers[bufnr]
   if state and options.enabled then
-    state.timer:start(options.debounce_ms, 0, vim.schedule_wrap(function()
-      request(bufnr)
-    end))
+    state.timer:start(
+      options.debounce_ms,
+      0,
+      vim.schedule_wrap(function()
+        request(bufnr)
+      end)
+    )
   end
 end
 

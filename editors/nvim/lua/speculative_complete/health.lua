@@ -24,11 +24,21 @@ local function check_server(plugin)
 end
 
 local function check_model(client)
-  local answer, err = lsp_client.call(client, 'request_sync', lsp_client.STATS, vim.empty_dict(),
-    STATS_TIMEOUT_MS, vim.api.nvim_get_current_buf())
+  local answer, err = lsp_client.call(
+    client,
+    'request_sync',
+    lsp_client.STATS,
+    vim.empty_dict(),
+    STATS_TIMEOUT_MS,
+    vim.api.nvim_get_current_buf()
+  )
   if not answer or answer.err then
-    health.warn(('the server did not answer %s: %s'):format(lsp_client.STATS,
-      tostring(err or (answer and answer.err and answer.err.message))))
+    health.warn(
+      ('the server did not answer %s: %s'):format(
+        lsp_client.STATS,
+        tostring(err or (answer and answer.err and answer.err.message))
+      )
+    )
     return nil
   end
   local stats = answer.result or {}
@@ -36,9 +46,15 @@ local function check_model(client)
   if status == 'ready' then
     health.ok(format.model(stats.model))
   elseif status == 'failed' then
-    health.error(format.model(stats.model), { 'fix the `model` setting; the server reloads it when it changes' })
+    health.error(
+      format.model(stats.model),
+      { 'fix the `model` setting; the server reloads it when it changes' }
+    )
   else
-    health.warn(format.model(stats.model), { 'the first start converts the model once (about 30 s); wait and re-run' })
+    health.warn(
+      format.model(stats.model),
+      { 'the first start converts the model once (about 30 s); wait and re-run' }
+    )
   end
   return stats
 end
@@ -46,9 +62,14 @@ end
 local function check_latency(stats)
   local latency = stats and type(stats.latency_ms) == 'table' and stats.latency_ms or {}
   if lsp_client.last_latency_ms then
-    health.ok(('last suggestion latency: %s (server p50 %s, p95 %s over %d answers)'):format(
-      format.ms(lsp_client.last_latency_ms), format.ms(latency.p50), format.ms(latency.p95),
-      stats and stats.answered or 0))
+    health.ok(
+      ('last suggestion latency: %s (server p50 %s, p95 %s over %d answers)'):format(
+        format.ms(lsp_client.last_latency_ms),
+        format.ms(latency.p50),
+        format.ms(latency.p95),
+        stats and stats.answered or 0
+      )
+    )
   else
     health.info('no suggestion requested yet: type in Insert mode in a supported buffer')
   end
@@ -58,7 +79,10 @@ function M.check()
   health.start('speculative_complete')
   local plugin = require('speculative_complete')
   if not plugin.config then
-    health.warn("setup() has not been called", { "add require('speculative_complete').setup() to your config" })
+    health.warn(
+      'setup() has not been called',
+      { "add require('speculative_complete').setup() to your config" }
+    )
     return
   end
   if vim.fn.has('nvim-0.10') == 0 then
@@ -67,7 +91,11 @@ function M.check()
   local path = plugin.config.path == 'native' and "Neovim's vim.lsp.inline_completion"
     or "the plugin's extmarks"
   health.ok(('ghost text: %s; suggestions %s'):format(path, plugin.enabled and 'on' or 'off (toggled)'))
-  if plugin.config.path == 'native' and lsp_client.get() and not require('speculative_complete.native').guarded() then
+  if
+    plugin.config.path == 'native'
+    and lsp_client.get()
+    and not require('speculative_complete.native').guarded()
+  then
     health.warn("this Neovim's inline completion could not be guarded against late answers", {
       "set ghost_text = 'extmark' if suggestions for text you already changed show up",
     })

@@ -42,7 +42,9 @@ function M.start(bufnr)
   local command = config_mod.command(config)
   if vim.fn.executable(command[1]) == 0 then
     if not M.start_error then -- say it once, not for every buffer
-      M.start_error = ('server command not found: %s (install lsp-speculative-complete, or set cmd)'):format(command[1])
+      M.start_error = ('server command not found: %s (install lsp-speculative-complete, or set cmd)'):format(
+        command[1]
+      )
       notify(M.start_error .. '; see :checkhealth speculative_complete', vim.log.levels.WARN)
     end
     return
@@ -149,7 +151,11 @@ function M.setup(opts)
   api.nvim_create_autocmd('ColorScheme', {
     group = group,
     callback = function()
-      api.nvim_set_hl(0, require('speculative_complete.ghost').HIGHLIGHT, { link = 'Comment', default = true })
+      api.nvim_set_hl(
+        0,
+        require('speculative_complete.ghost').HIGHLIGHT,
+        { link = 'Comment', default = true }
+      )
     end,
   })
   -- Buffers opened before setup() (a lazy-loading plugin manager) get the server too.
