@@ -226,3 +226,15 @@ def test_setup_rejects_a_bad_option_by_name(tmp_path, options, named):
         assert resolved["keymaps"] == {"accept": "<C-l>"} and resolved["args"][0] == "--stdio"
     finally:
         editor.close()
+
+
+def test_with_no_settings_the_server_still_gets_an_object(tmp_path):
+    editor = Editor(tmp_path, "0.12", "auto")
+    try:  # an empty Lua table encodes as [], which the server would warn about at every start
+        sent = editor.lua("""
+            local config = require('speculative_complete.config').resolve({ settings = {} })
+            local client = require('speculative_complete').client_config(config)
+            return { vim.json.encode(client.init_options), vim.json.encode(client.settings) }""")
+        assert sent == ['{"lspServer":{}}', '{"lspServer":{}}']
+    finally:
+        editor.close()

@@ -33,6 +33,19 @@ local function capabilities()
   return caps
 end
 
+--- The vim.lsp.start() configuration of the server.
+function M.client_config(config)
+  -- An empty Lua table is a JSON list: the server wants an object.
+  local settings = next(config.settings) and config.settings or vim.empty_dict()
+  return {
+    name = config_mod.NAME,
+    cmd = config_mod.command(config),
+    init_options = { lspServer = settings },
+    settings = { lspServer = settings }, -- answers the server's workspace/configuration
+    capabilities = capabilities(),
+  }
+end
+
 --- Start the server for `bufnr`, or attach the running one to it.
 function M.start(bufnr)
   local config = M.config
@@ -50,13 +63,7 @@ function M.start(bufnr)
     return
   end
   M.start_error = nil
-  vim.lsp.start({
-    name = config_mod.NAME,
-    cmd = command,
-    init_options = { lspServer = config.settings },
-    settings = { lspServer = config.settings }, -- answers the server's workspace/configuration
-    capabilities = capabilities(),
-  }, {
+  vim.lsp.start(M.client_config(config), {
     bufnr = bufnr,
     reuse_client = function(client)
       return client.name == config_mod.NAME -- one model in memory, whatever the root
