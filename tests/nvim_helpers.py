@@ -38,26 +38,26 @@ def nvim_binary(version: str) -> Path:
     return binary
 
 
-def isolated_env(home: Path, ghost_text: str) -> dict[str, str]:
+def isolated_env(home: Path, ghost_text: str, python: str) -> dict[str, str]:
     """No user configuration, plugins or state leak in; the model cache (XDG_CACHE_HOME) is kept."""
     env = dict(os.environ)
     for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_DIRS", "XDG_DATA_DIRS"):
         folder = home / name.lower()
         folder.mkdir(parents=True, exist_ok=True)
         env[name] = str(folder)
-    env.update(SC_PLUGIN_DIR=str(PLUGIN_DIR), SC_PYTHON=sys.executable, SC_GHOST_TEXT=ghost_text)
+    env.update(SC_PLUGIN_DIR=str(PLUGIN_DIR), SC_PYTHON=python, SC_GHOST_TEXT=ghost_text)
     return env
 
 
 class Editor:
     """One Neovim process; every method is a synchronous RPC round trip."""
 
-    def __init__(self, home: Path, version: str, ghost_text: str) -> None:
+    def __init__(self, home: Path, version: str, ghost_text: str, python: str = sys.executable) -> None:
         self.home = home
         argv = [str(nvim_binary(version)), "--embed", "--headless", "-u", str(INIT), "-i", "NONE", "-n"]
         saved = dict(os.environ)
         os.environ.clear()
-        os.environ.update(isolated_env(home, ghost_text))
+        os.environ.update(isolated_env(home, ghost_text, python))
         try:  # pynvim starts the child with this process' environment
             self.nvim = pynvim.attach("child", argv=argv)
         finally:

@@ -238,3 +238,19 @@ def test_with_no_settings_the_server_still_gets_an_object(tmp_path):
         assert sent == ['{"lspServer":{}}', '{"lspServer":{}}']
     finally:
         editor.close()
+
+
+def test_a_missing_server_is_reported_once_and_by_checkhealth(tmp_path):
+    editor = Editor(tmp_path, "0.12", "auto", python=str(tmp_path / "no-such-python"))
+    try:
+        for name in ("a.py", "b.py"):
+            editor.nvim.command(f"edit {tmp_path / name}")
+        assert editor.lua("return #vim.lsp.get_clients()") == 0
+        warn = editor.lua("return vim.log.levels.WARN")
+        warnings = [n["message"] for n in editor.notes() if n["level"] == warn]
+        assert len(warnings) == 1 and "server command not found" in warnings[0]
+        editor.nvim.command("checkhealth speculative_complete")
+        errors = [line for line in editor.lines() if line.startswith("- ") and line.split()[2] == "ERROR"]
+        assert len(errors) == 1 and "server command not found" in errors[0]
+    finally:
+        editor.close()
