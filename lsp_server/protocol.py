@@ -103,6 +103,26 @@ class CompletionProtocol(LanguageServerProtocol):
     def _reject(self, msg_id: Any, error: JsonRpcException) -> None:
         self._send_response(msg_id, error=error.to_response_error())
 
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        """A cancel that crossed its request's answer on the wire is routine (editors cancel at
+        every keystroke) and LSP says to ignore it; pygls logs a warning, which Neovim copies
+        into its LSP log as an error."""
+        if msg_id not in self._request_futures:
+            log.debug("$/cancelRequest for %s: already answered", msg_id)
+            return
+        super()._handle_cancel_notification(msg_id)
+
+    def _handle_response(self, msg_id: Any, result: Any = None, error: Any = None) -> None:
+        """A response to a request the server stopped waiting for (it gives the client a few
+        seconds to answer window/workDoneProgress/create) is dropped; pygls would fail resolving
+        the cancelled future and show the user an "Error in server" message."""
+        future = self._request_futures.get(msg_id)
+        if future is not None and future.done():
+            del self._request_futures[msg_id]
+            log.debug("response to request %s after the server stopped waiting: dropped", msg_id)
+            return
+        super()._handle_response(msg_id, result, error)
+
 
 def _repair(body: bytes) -> bytes:
     try:

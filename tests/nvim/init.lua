@@ -1,0 +1,54 @@
+-- The whole Neovim configuration of tests/test_editor_nvim.py: this plugin, set up for the real
+-- server, plus observers that only record what happens (they change nothing):
+--   _G.test.events: inline-completion requests sent / answered / cancelled, and every extmark
+--     drawn with virtual text (the ghost text of either path), in the order they happened, each
+--     with the buffer's changedtick at that moment;
+--   _G.test.notes: every vim.notify message.
+local env = vim.env
+vim.opt.rtp:prepend(env.SC_PLUGIN_DIR)
+vim.opt.swapfile = false
+vim.opt.shadafile = 'NONE'
+
+_G.test = { events = {}, notes = {} }
+local events = _G.test.events
+local api = vim.api
+
+local set_extmark = api.nvim_buf_set_extmark
+api.nvim_buf_set_extmark = function(bufnr, ns, row, col, opts)
+  if type(opts) == 'table' and opts.virt_text then
+    table.insert(events, {
+      kind = 'drawn',
+      tick = api.nvim_buf_get_changedtick(bufnr),
+      row = row,
+      col = col,
+      text = opts.virt_text[1] and opts.virt_text[1][1] or '',
+    })
+  end
+  return set_extmark(bufnr, ns, row, col, opts)
+end
+
+local notify = vim.notify
+vim.notify = function(message, level, opts)
+  table.insert(_G.test.notes, { message = message, level = level or vim.log.levels.INFO })
+  return notify(message, level, opts)
+end
+
+api.nvim_create_autocmd('LspRequest', {
+  callback = function(args)
+    local request = args.data.request
+    if request.method == 'textDocument/inlineCompletion' then
+      table.insert(events, {
+        kind = request.type, -- pending | complete | cancel
+        id = args.data.request_id,
+        tick = api.nvim_buf_get_changedtick(request.bufnr),
+      })
+    end
+  end,
+})
+
+require('speculative_complete').setup({
+  cmd = { env.SC_PYTHON, '-m', 'lsp_server' },
+  ghost_text = env.SC_GHOST_TEXT,
+  -- A roomy budget: the test checks what the editor shows, not how fast a loaded machine is.
+  settings = { timeBudgetMs = 60000 },
+})

@@ -1,0 +1,256 @@
+"""End to end in a real Neovim: the plugin in editors/nvim, the real server, the embedded model.
+
+Headless Neovim starts with only the plugin (tests/nvim/init.lua), opens a real Python file, and
+is typed into through its input API. Every test runs in three editors: NVIM 0.12 with its own
+vim.lsp.inline_completion ('native', the default there), NVIM 0.12 forced onto the plugin's
+extmark ghost text (ghost_text = 'extmark'), and NVIM 0.11.4, where that is the default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.nvim_helpers import Editor, pending, stale_drawings
+
+pytestmark = pytest.mark.real_model
+
+POINT = ["class Point:", "    def __init__(self, x, y):", "        self.x = x", "        self.y"]
+ACCEPTED = "        self.y = y"
+APPEND_AT_SELF_Y = "4GA"  # Normal mode: line 4, Insert at its end (after `self.y`)
+MAX_TRIES = 4  # scenarios whose timing premise did not hold are retried, then fail
+
+
+EDITORS = {  # test id: Neovim version, the plugin's ghost_text option, the path it must take
+    "nvim0.12-native": ("0.12", "auto", "native"),
+    "nvim0.12-extmark": ("0.12", "extmark", "extmark"),
+    "nvim0.11-extmark": ("0.11", "auto", "extmark"),
+}
+
+
+@pytest.fixture(scope="module", params=list(EDITORS))
+def editor(request, tmp_path_factory):
+    version, ghost_text, path = EDITORS[request.param]
+    home: Path = tmp_path_factory.mktemp(request.param)
+    source = home / "point.py"
+    source.write_text("\n".join(POINT) + "\n")
+    editor = Editor(home, version, ghost_text)
+    try:
+        assert editor.lua("return vim.fn.has('nvim-' .. ...)", version) == 1
+        editor.nvim.command(f"edit {source}")
+        editor.bufnr = editor.lua("return vim.api.nvim_get_current_buf()")
+        assert editor.lua("return vim.bo.filetype") == "python"
+        editor.wait_model_ready()
+        assert editor.lua("return require('speculative_complete').config.path") == path
+        yield editor
+    finally:
+        editor.close()
+
+
+def reset(editor: Editor) -> int:
+    """Normal mode in point.py with its original text, nothing in flight; the event count so far."""
+    editor.input("<Esc>")
+    editor.wait("Normal mode", lambda: editor.mode() == "n")
+    editor.nvim.command(f"buffer {editor.bufnr}")
+    editor.lua("vim.api.nvim_buf_set_lines(0, 0, -1, true, ...)", POINT)
+    return len(editor.wait_quiet(quiet_s=0.5))
+
+
+def new_request(editor: Editor, start: int) -> dict[str, Any]:
+    """Wait for the next inline-completion request sent after event ``start``."""
+    def sent() -> dict[str, Any] | None:
+        return next((e for e in editor.events()[start:] if e["kind"] == "pending"), None)
+
+    return editor.wait("an inline-completion request", sent)
+
+
+def settled_after_the_text_changed(events: list[dict[str, Any]], request: dict[str, Any]) -> bool:
+    """Whether ``request`` was still in flight (neither answered nor cancelled) when the text it
+    asked about changed: the premise of the stale-answer tests."""
+    settled = next(e for e in events if e.get("id") == request["id"] and e["kind"] in ("complete", "cancel"))
+    return settled["tick"] != request["tick"]
+
+
+def assert_nothing_errored(editor: Editor) -> None:
+    assert editor.lua("return vim.v.errmsg") == ""
+    problems = [n for n in editor.notes() if n["level"] >= editor.lua("return vim.log.levels.WARN")]
+    assert problems == []
+    log = Path(editor.lua("return vim.lsp.get_log_path()"))
+    errors = [line for line in log.read_text().splitlines() if "[ERROR]" in line] if log.exists() else []
+    assert errors == []
+    stats = editor.stats()
+    assert stats["failed"] == 0 and stats["errors"] == 0 and stats["answered"] == stats["requests"]
+
+
+def test_the_suggestion_shows_as_ghost_text_and_tab_accepts_it(editor):
+    start = reset(editor)
+    editor.input(APPEND_AT_SELF_Y)
+    shown = editor.wait("the ghost text", editor.ghost_text)
+    assert [(g["row"], g["col"], g["text"]) for g in shown] == [(3, 14, " = y")]
+    assert editor.lines() == POINT  # ghost text is not text
+
+    editor.input("<Tab>")
+    editor.wait("the suggestion to be inserted", lambda: editor.lines()[3] != POINT[3])
+    assert editor.lines() == [*POINT[:3], ACCEPTED]
+    assert editor.cursor() == (4, len(ACCEPTED)) and editor.mode() == "i"
+    assert stale_drawings(editor.wait_quiet()[start:]) == []
+    assert_nothing_errored(editor)
+
+
+def test_tab_with_no_suggestion_shown_is_a_plain_tab(editor):
+    reset(editor)
+    editor.input(APPEND_AT_SELF_Y + "<Tab>")  # before any suggestion can arrive
+    editor.wait("the Tab", lambda: editor.lines()[3] != POINT[3])
+    line = editor.lines()[3]
+    assert line.startswith(POINT[3]) and line[len(POINT[3]):].isspace()
+    assert_nothing_errored(editor)
+
+
+def test_toggled_off_nothing_is_asked_and_toggled_on_it_suggests_again(editor):
+    start = reset(editor)
+    editor.nvim.command("SpeculativeCompleteToggle")
+    editor.input(APPEND_AT_SELF_Y + "<Tab>")
+    events = editor.wait_quiet(quiet_s=1.5)[start:]
+    assert [e for e in events if e["kind"] in ("pending", "drawn")] == []
+    assert editor.lines()[3][len(POINT[3]):].isspace()
+
+    start = reset(editor)
+    editor.nvim.command("SpeculativeCompleteToggle")
+    editor.input(APPEND_AT_SELF_Y)
+    assert [g["text"] for g in editor.wait("the ghost text", editor.ghost_text)] == [" = y"]
+    messages = [n["message"] for n in editor.notes()]
+    assert "speculative_complete: suggestions off" in messages
+    assert messages[-1] == "speculative_complete: suggestions on"
+    assert_nothing_errored(editor)
+
+
+def test_a_key_that_contradicts_the_shown_suggestion_hides_it_at_once(editor):
+    reset(editor)
+    editor.input(APPEND_AT_SELF_Y)
+    editor.wait("the ghost text", editor.ghost_text)
+    start = len(editor.events())
+    editor.input("z")  # `self.yz`: ` = y` no longer continues the line
+    events = editor.wait_quiet()[start:]
+    assert stale_drawings(events) == []
+    assert editor.lines()[3] == POINT[3] + "z"
+    assert_nothing_errored(editor)
+
+
+def test_leaving_insert_mode_clears_the_ghost_text(editor):
+    reset(editor)
+    editor.input(APPEND_AT_SELF_Y)
+    editor.wait("the ghost text", editor.ghost_text)
+    editor.input("<Esc>")
+    editor.wait("the ghost text to go", lambda: editor.mode() == "n" and editor.ghost_text() == [])
+    assert editor.lines() == POINT
+    assert_nothing_errored(editor)
+
+
+def test_typing_on_while_a_request_is_in_flight_never_shows_its_answer(editor):
+    for _ in range(MAX_TRIES):
+        start = reset(editor)
+        editor.input(APPEND_AT_SELF_Y)
+        request = new_request(editor, start)
+        editor.input("z")  # the answer to `self.y` is now stale
+        events = editor.wait_quiet()[start:]
+        if settled_after_the_text_changed(events, request):
+            break
+    else:
+        pytest.fail("every request was answered before the next key reached Neovim")
+    assert stale_drawings(events) == []
+    assert editor.lines()[3] == POINT[3] + "z"
+    assert_nothing_errored(editor)
+
+
+def test_an_answer_read_after_the_text_changed_is_never_shown(editor):
+    """The server answers while Neovim is busy; a key typed meanwhile is processed first."""
+    for hold_ms in (2000, 4000, 8000, 16000)[:MAX_TRIES]:
+        start = reset(editor)
+        before = editor.stats()
+        editor.input(APPEND_AT_SELF_Y)
+        request = new_request(editor, start)
+        # Neovim's loop is blocked (a slow plugin, a big paste) while the server decodes and
+        # answers; the key pressed meanwhile waits in the typeahead and is handled first.
+        editor.lua("vim.uv.sleep(...); vim.api.nvim_feedkeys('z', 't', false)", hold_ms)
+        events = editor.wait_quiet()[start:]
+        after = editor.stats()
+        dropped = sum(after[key] - before[key] for key in ("cancelled", "superseded"))
+        if dropped == 0 and settled_after_the_text_changed(events, request):
+            break  # the server answered `self.y` with its suggestion, read after the `z`
+    else:
+        pytest.fail("the server never answered within the time Neovim was held")
+    assert stale_drawings(events) == []
+    assert editor.lines()[3] == POINT[3] + "z"
+    assert not pending(events)
+    assert_nothing_errored(editor)
+
+
+def test_stats_command_and_checkhealth_report_the_model_and_the_latency(editor):
+    reset(editor)
+    editor.input(APPEND_AT_SELF_Y)
+    editor.wait("the ghost text", editor.ghost_text)
+    reset(editor)
+    editor.nvim.command("SpeculativeCompleteStats")
+    note = editor.wait("the stats message", lambda: next(
+        (n["message"] for n in editor.notes() if "lsp_server" in n["message"]), None))
+    assert "model ready: default (cpu, float32" in note and "requests " in note and "latency p50" in note
+
+    editor.nvim.command("checkhealth speculative_complete")
+    report = editor.lines()
+    items = [line for line in report if line.startswith("- ")]  # "- ✅ OK ...", "- ⚠️ WARNING ..."
+    assert all(line.split()[2] == "OK" for line in items), report
+    for expected in ("OK ghost text:", "OK server command:", "OK server running",
+                     "OK model ready: default (cpu, float32", "OK last suggestion latency:"):
+        assert any(expected in line for line in items), report
+    editor.nvim.command("bwipeout")
+    assert_nothing_errored(editor)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"ghost_text": "overlay"}, "ghost_text"),
+    ({"cmd": []}, "cmd"),
+    ({"filetypes": "python"}, "filetypes"),
+    ({"keymaps": {"accept": 1}}, "keymaps.accept"),
+    ({"debounce_ms": -1}, "debounce_ms"),
+    ({"model": "default"}, "model"),  # a server setting belongs under `settings`
+])
+def test_setup_rejects_a_bad_option_by_name(tmp_path, options, named):
+    editor = Editor(tmp_path, "0.12", "auto")
+    try:
+        ok, message = editor.lua("return { pcall(require('speculative_complete').setup, ...) }", options)
+        assert not ok and f"option {named} must be" in message
+        resolved = editor.lua("return require('speculative_complete.config').resolve(...)",
+                              {"keymaps": {"accept": "<C-l>"}})
+        assert resolved["keymaps"] == {"accept": "<C-l>"} and resolved["args"][0] == "--stdio"
+    finally:
+        editor.close()
+
+
+def test_with_no_settings_the_server_still_gets_an_object(tmp_path):
+    editor = Editor(tmp_path, "0.12", "auto")
+    try:  # an empty Lua table encodes as [], which the server would warn about at every start
+        sent = editor.lua("""
+            local config = require('speculative_complete.config').resolve({ settings = {} })
+            local client = require('speculative_complete').client_config(config)
+            return { vim.json.encode(client.init_options), vim.json.encode(client.settings) }""")
+        assert sent == ['{"lspServer":{}}', '{"lspServer":{}}']
+    finally:
+        editor.close()
+
+
+def test_a_missing_server_is_reported_once_and_by_checkhealth(tmp_path):
+    editor = Editor(tmp_path, "0.12", "auto", python=str(tmp_path / "no-such-python"))
+    try:
+        for name in ("a.py", "b.py"):
+            editor.nvim.command(f"edit {tmp_path / name}")
+        assert editor.lua("return #vim.lsp.get_clients()") == 0
+        warn = editor.lua("return vim.log.levels.WARN")
+        warnings = [n["message"] for n in editor.notes() if n["level"] == warn]
+        assert len(warnings) == 1 and "server command not found" in warnings[0]
+        editor.nvim.command("checkhealth speculative_complete")
+        errors = [line for line in editor.lines() if line.startswith("- ") and line.split()[2] == "ERROR"]
+        assert len(errors) == 1 and "server command not found" in errors[0]
+    finally:
+        editor.close()
