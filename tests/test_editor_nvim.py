@@ -86,6 +86,7 @@ def assert_nothing_errored(editor: Editor) -> None:
 
 def test_the_suggestion_shows_as_ghost_text_and_tab_accepts_it(editor):
     start = reset(editor)
+    accepted_before = editor.stats()["reuse"]["accepted"]
     editor.input(APPEND_AT_SELF_Y)
     shown = editor.wait("the ghost text", editor.ghost_text)
     assert [(g["row"], g["col"], g["text"]) for g in shown] == [(3, 14, " = y")]
@@ -96,6 +97,9 @@ def test_the_suggestion_shows_as_ghost_text_and_tab_accepts_it(editor):
     assert editor.lines() == [*POINT[:3], ACCEPTED]
     assert editor.cursor() == (4, len(ACCEPTED)) and editor.mode() == "i"
     assert stale_drawings(editor.wait_quiet()[start:]) == []
+    # The item's command told the server what was accepted (it becomes an n-gram draft source).
+    editor.wait("the server to hear of the acceptance",
+                lambda: editor.stats()["reuse"]["accepted"] == accepted_before + 1)
     assert_nothing_errored(editor)
 
 

@@ -100,7 +100,8 @@ local function fit(bufnr, snap, item, encoding)
   if text:sub(1, #typed) ~= typed or #text == #typed then
     return nil
   end
-  return { snap = snap, start = start, finish = finish, text = text }, text:sub(#typed + 1)
+  local shown = { snap = snap, start = start, finish = finish, text = text, command = item.command }
+  return shown, text:sub(#typed + 1)
 end
 
 local function show(bufnr, shown, rest)
@@ -265,6 +266,13 @@ function M.accept(bufnr)
     api.nvim_buf_set_text(bufnr, start[1], start[2], finish[1], finish[2], lines)
     local last = #lines == 1 and start[2] + #lines[1] or #lines[#lines]
     api.nvim_win_set_cursor(0, { start[1] + #lines, last })
+    -- As Neovim 0.12's own inline completion does: run the item's command after inserting it
+    -- (lsp_server's `lsp_server.accepted` feeds accepted text back to its drafter).
+    local client = shown.command and vim.lsp.get_client_by_id(state.client_id)
+    if client then
+      local params = { command = shown.command.command, arguments = shown.command.arguments }
+      lsp_client.call(client, 'request', 'workspace/executeCommand', params, function() end, bufnr)
+    end
   end)
   return true
 end
