@@ -158,6 +158,9 @@ class ModelHost:
         self._generation = 0
         self.state = ModelState()
         self.sources = DraftSources()
+        # Per document, the last request's prompt: its length in tokens and the healed text its
+        # answer had to begin with; what the greedy chain holds past that is the suggestion.
+        self._asked: dict[str, tuple[int, str]] = {}
 
     @property
     def ready(self) -> bool:
@@ -217,6 +220,7 @@ class ModelHost:
 
     def forget(self, uri: str) -> None:
         """The document was closed: drop its KV cache (the worker may still hold it until its job ends)."""
+        self._asked.pop(uri, None)
         runtime = self._runtime
         if runtime is not None:
             runtime.engine.prefix_cache.drop(uri)
@@ -256,7 +260,18 @@ class ModelHost:
         else:
             result = engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop,
                                      cache_key=cache_key if settings.kv_cache_mb > 0 else None)
+            if cache_key is not None:
+                self._asked[cache_key] = (len(ids), prompt.healed)
         return Decoded(result, prompt_ms, prompt)
+
+    def _decoded_lines_ahead(self, engine: Any, uri: str, tokens: list[int], greedy_from: int) -> int:
+        """Line ends the greedy chain holds past what the user has typed (the last prompt and
+        its healed text, which may itself hold a line end: a line start is healed)."""
+        prompt_len, healed = self._asked.get(uri, (greedy_from, ""))
+        if prompt_len > len(tokens):
+            prompt_len, healed = greedy_from, ""
+        ahead = engine.decode(tokens[prompt_len:])
+        return ahead.removeprefix(healed).count("\n")
 
     def background(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str | None,
                    should_stop: Callable[[], bool]) -> Any:
@@ -276,7 +291,7 @@ class ModelHost:
         if chain is None or chain[1] is None:
             return None
         tokens, greedy_from = chain
-        if engine.decode(tokens[greedy_from:]).count("\n") >= PREFETCH_LINES:
+        if self._decoded_lines_ahead(engine, uri, tokens, greedy_from) >= PREFETCH_LINES:
             return None  # already decoded ahead
         from decoding import GenerationConfig
 

@@ -135,15 +135,20 @@ async def test_typing_the_suggestion_is_answered_without_a_target_pass_and_as_th
     first, want = await doc.ask(end)
     assert first == want and first, first
     before = await h.stats(reusing)
+    shown, along = first, 0
     for typed, ch in enumerate(first[:6], start=1):
+        along += int(shown.startswith(ch))  # the key typed is the start of the suggestion on screen
         doc.edit(end + typed - 1, end + typed - 1, ch)
         got, fresh = await doc.ask(end + typed)
         assert got == fresh, f"after typing {first[:typed]!r}: {got!r} vs a fresh decode's {fresh!r}"
+        shown = got or ""
     after = await h.stats(reusing)
-    # Every keystroke along the suggestion was recognised, and answered from the greedy chain
-    # wherever the typed text ends on a token boundary of the model's own tokens.
-    assert after["reuse"]["typed_ahead"] - before["reuse"]["typed_ahead"] >= 3
-    assert after["reuse"]["from_chain"] - before["reuse"]["from_chain"] >= 1
+    gained = {k: after["reuse"][k] - before["reuse"][k] for k in after["reuse"]}
+    # Every keystroke along the suggestion on screen was recognised as typed-ahead (the model may
+    # change its mind once healing sees a token's last character: then the next key is not
+    # along it), and most were answered from the greedy chain with no target pass at all.
+    assert gained["typed_ahead"] == along >= 3, gained
+    assert gained["from_chain"] >= along - 2, gained
     assert after["known_tokens"] > before["known_tokens"]
 
 
