@@ -8,6 +8,7 @@ extmark ghost text (ghost_text = 'extmark'), and NVIM 0.11.4, where that is the 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ POINT = ["class Point:", "    def __init__(self, x, y):", "        self.x = x", 
 ACCEPTED = "        self.y = y"
 APPEND_AT_SELF_Y = "4GA"  # Normal mode: line 4, Insert at its end (after `self.y`)
 MAX_TRIES = 4  # scenarios whose timing premise did not hold are retried, then fail
+VARIANTS = itertools.count()
 
 
 EDITORS = {  # test id: Neovim version, the plugin's ghost_text option, the path it must take
@@ -49,12 +51,17 @@ def editor(request, tmp_path_factory):
         editor.close()
 
 
-def reset(editor: Editor) -> int:
-    """Normal mode in point.py with its original text, nothing in flight; the event count so far."""
+def reset(editor: Editor, *, unique: bool = False) -> int:
+    """Normal mode in point.py with its original text, nothing in flight; the event count so far.
+
+    ``unique``: the first line gets a comment never used before, so the server cannot answer
+    from what it remembers (an identical earlier request, the document's greedy chain) and the
+    request takes a real decode: the premise of the tests about answers arriving late."""
     editor.input("<Esc>")
     editor.wait("Normal mode", lambda: editor.mode() == "n")
     editor.nvim.command(f"buffer {editor.bufnr}")
-    editor.lua("vim.api.nvim_buf_set_lines(0, 0, -1, true, ...)", POINT)
+    lines = [f"{POINT[0]}  # variant {next(VARIANTS)}", *POINT[1:]] if unique else POINT
+    editor.lua("vim.api.nvim_buf_set_lines(0, 0, -1, true, ...)", lines)
     return len(editor.wait_quiet(quiet_s=0.5))
 
 
@@ -154,7 +161,7 @@ def test_leaving_insert_mode_clears_the_ghost_text(editor):
 
 def test_typing_on_while_a_request_is_in_flight_never_shows_its_answer(editor):
     for _ in range(MAX_TRIES):
-        start = reset(editor)
+        start = reset(editor, unique=True)
         editor.input(APPEND_AT_SELF_Y)
         request = new_request(editor, start)
         editor.input("z")  # the answer to `self.y` is now stale
@@ -171,7 +178,7 @@ def test_typing_on_while_a_request_is_in_flight_never_shows_its_answer(editor):
 def test_an_answer_read_after_the_text_changed_is_never_shown(editor):
     """The server answers while Neovim is busy; a key typed meanwhile is processed first."""
     for hold_ms in (2000, 4000, 8000, 16000)[:MAX_TRIES]:
-        start = reset(editor)
+        start = reset(editor, unique=True)
         before = editor.stats()
         editor.input(APPEND_AT_SELF_Y)
         request = new_request(editor, start)
