@@ -161,6 +161,7 @@ class ModelHost:
         # Per document, the last request's prompt: its length in tokens and the healed text its
         # answer had to begin with; what the greedy chain holds past that is the suggestion.
         self._asked: dict[str, tuple[int, str]] = {}
+        self.prefetching = False  # a decode ahead is running on the worker (shown in the stats)
 
     @property
     def ready(self) -> bool:
@@ -261,7 +262,7 @@ class ModelHost:
             result = engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop,
                                      cache_key=cache_key if settings.kv_cache_mb > 0 else None)
             if cache_key is not None:
-                self._asked[cache_key] = (len(ids), prompt.healed)
+                self._asked[cache_key] = (result.stats.prompt_tokens, prompt.healed)  # as fitted
         return Decoded(result, prompt_ms, prompt)
 
     def _decoded_lines_ahead(self, engine: Any, uri: str, tokens: list[int], greedy_from: int) -> int:
@@ -296,4 +297,8 @@ class ModelHost:
         from decoding import GenerationConfig
 
         config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=True)
-        return engine.generate(tokens, config, drafter, cancel=should_stop, cache_key=uri)
+        self.prefetching = True
+        try:
+            return engine.generate(tokens, config, drafter, cancel=should_stop, cache_key=uri)
+        finally:
+            self.prefetching = False

@@ -173,7 +173,9 @@ def create_server(cli: Layered) -> CompletionServer:
 
     @server.feature(STATS_METHOD)
     def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
-        return {**ls.stats.snapshot(), "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
+        snapshot = ls.stats.snapshot()
+        snapshot["prefetch"]["running"] = ls.host.prefetching
+        return {**snapshot, "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
                 "kv_cache": ls.host.cache_snapshot(), "draft_sources": ls.host.sources.snapshot(),
                 "position_encoding": _value(ls.workspace.position_encoding), "version": __version__}
 
