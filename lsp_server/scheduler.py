@@ -110,13 +110,7 @@ class Scheduler:
                 await asyncio.wait([ticket.future], timeout=debounce_s)
                 if ticket.future.done():  # superseded while waiting
                     return ticket.future.result()
-            self._start_worker()
-            ticket.enqueued_at = time.monotonic()
-            self._queue.put((ticket, job))
-            return await ticket.future
-        except asyncio.CancelledError:
-            ticket.cancel.set()
-            raise
+            return await self._submit(ticket, job)
         finally:
             if self._active.get(key) is ticket:
                 del self._active[key]
@@ -129,15 +123,20 @@ class Scheduler:
         ticket = Ticket(key="(background)", future=loop.create_future(), loop=loop, background=True)
         self._background.add(ticket)
         try:
-            self._start_worker()
-            ticket.enqueued_at = time.monotonic()
-            self._queue.put((ticket, job))
+            return await self._submit(ticket, job)
+        finally:
+            self._background.discard(ticket)
+
+    async def _submit(self, ticket: Ticket, job: Job[T]) -> Outcome[T]:
+        """Hand ``job`` to the worker and wait for its outcome; a cancelled waiter stops the job."""
+        self._start_worker()
+        ticket.enqueued_at = time.monotonic()
+        self._queue.put((ticket, job))
+        try:
             return await ticket.future
         except asyncio.CancelledError:
             ticket.cancel.set()
             raise
-        finally:
-            self._background.discard(ticket)
 
     def preempt_background(self) -> int:
         """Stop every background job now (a request needs the worker); how many were stopped."""
