@@ -31,7 +31,14 @@ from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
 from decoding.kv_cache import Borrowed, PrefixCache
 from decoding.models import LoadedModel
-from decoding.verify import SamplingParams, greedy_accept, sample, sampling_probs, speculative_accept
+from decoding.verify import (
+    Acceptance,
+    SamplingParams,
+    greedy_accept,
+    sample,
+    sampling_probs,
+    speculative_accept,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,7 @@ class GenerationConfig:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
-    max_draft_tokens: int = 8
+    max_draft_tokens: int = 16  # a cap: drafters pick the length from acceptance and verify cost
     prefill_chunk: int = 256  # tokens per prefill pass; the cancel check runs between passes
     reuse_continuation: bool = True  # greedy: answer from a cached greedy chain the prompt lies on
     # Token healing: the generated text must begin with this (the text backed up from the prompt's
@@ -181,12 +188,11 @@ class SpeculativeEngine:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.target.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
-    def _forward(self, tokens: Sequence[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
-        """Logits for every fed position, or only the last: the output layer over a 49k vocabulary
-        is a fifth of a prefill's cost, and a prefill needs just one row."""
+    def _forward(self, tokens: Sequence[int], cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+        """Logits for the last ``keep`` fed positions (0: all): the output layer over a 49k
+        vocabulary is a fifth of a prefill's cost, and a prefill needs only its last rows."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.target.device)
-        out = self.target.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                                logits_to_keep=1 if last_only else 0)
+        out = self.target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 
     def _fit_context(self, prompt: list[int], config: GenerationConfig, stats: GenerationStats) -> list[int]:
@@ -205,10 +211,15 @@ class SpeculativeEngine:
         return prompt
 
     def _prefill(self, prompt: list[int], cache_key: str | None, config: GenerationConfig,
-                 cancel: CancelCheck, stats: GenerationStats,
-                 continuation: bool = True) -> tuple[Borrowed, torch.Tensor | None]:
-        """The cache holding ``prompt`` and the logits after it.
+                 cancel: CancelCheck, stats: GenerationStats, continuation: bool = True,
+                 draft_for: Callable[[], Draft] | None = None,
+                 ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
+        """The cache holding ``prompt`` (and a draft after it), and the logits from the prompt's
+        last token on: one row, plus one per draft token.
 
+        The last chunk carries a draft from ``draft_for`` when given: verifying it there costs a
+        few more rows of a pass that runs anyway, which on a long prompt is nearly free, and where
+        the prompt already holds the line being written the whole line can come out of the prefill.
         No logits when the continuation is already known (``borrowed.known``: no pass at all) or
         when cancelled midway (the cache then holds the chunks done and goes back to the store).
         """
@@ -218,20 +229,23 @@ class SpeculativeEngine:
                     if store is not None else Borrowed(None))
         stats.reused_tokens = borrowed.reused
         if borrowed.known:
-            return borrowed, None
+            return borrowed, None, Draft()
         if borrowed.cache is None:
             borrowed.cache = DynamicCache(config=self.target.model.config)
         done, chunk = borrowed.reused, max(1, config.prefill_chunk)
         while True:
             end = min(len(prompt), done + chunk)
-            logits = self._forward(prompt[done:end], borrowed.cache, last_only=True)[-1]
+            draft = Draft()
+            if end == len(prompt) and draft_for is not None:
+                draft = draft_for()
+            logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, keep=len(draft) + 1)
             done = end
             if done == len(prompt):
-                return borrowed, logits
+                return borrowed, logits, draft
             if is_cancelled(cancel):
                 if store is not None:
                     store.put(cache_key, prompt[:done], borrowed.cache)
-                return borrowed, None
+                return borrowed, None, draft
 
     def _known_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
         """Whether a known greedy continuation of ``prompt`` (if the cache has one) is also what
@@ -328,13 +342,43 @@ class SpeculativeEngine:
                 return int(logits.argmax())
             return sample(sampling_probs(logits, sampling).cpu(), generator)
 
+        def propose(tokens: list[int], remaining: int) -> Draft:
+            assert drafter is not None
+            draft_started = time.perf_counter()
+            draft = drafter.propose(tokens, min(remaining - 1, config.max_draft_tokens))
+            stats.draft_ms += (time.perf_counter() - draft_started) * 1000
+            return draft
+
+        def accept(draft: Draft, logits: torch.Tensor) -> Acceptance:
+            if sampling.greedy:
+                verdict = greedy_accept(draft.tokens, logits)
+            else:
+                target_probs = sampling_probs(logits, sampling).cpu()
+                draft_probs = draft.probs.cpu() if draft.probs is not None else None
+                verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
+            if draft.tokens:
+                assert drafter is not None
+                per = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
+                per.drafts += 1
+                per.proposed += len(draft)
+                per.accepted += verdict.accepted
+                drafter.observe(draft, verdict.accepted)
+            return verdict
+
         if config.max_new_tokens <= 0 or is_cancelled(cancel):
             reason = "max_tokens" if config.max_new_tokens <= 0 else "cancelled"
             return GenerationResult("", [], reason, stats)
 
         started = time.perf_counter()
         continuation = self._known_fits(cache_key, prompt, config.required_prefix)
-        borrowed, logits = self._prefill(prompt, cache_key, config, cancel, stats, continuation)
+        if drafter is not None:
+            drafter.begin(prompt, sampling, generator, session=cache_key)
+        # The prefill carries a draft unless healing owes text first (its mask is for one row).
+        draft_for = None
+        if drafter is not None and heal is None and config.max_new_tokens > 1:
+            draft_for = functools.partial(propose, prompt, config.max_new_tokens)
+        borrowed, logits, draft = self._prefill(prompt, cache_key, config, cancel, stats, continuation,
+                                                draft_for)
         cache = borrowed.cache
         stats.prefill_ms = (time.perf_counter() - started) * 1000
         if borrowed.known:  # the target's own greedy continuation of this very prompt
@@ -344,17 +388,21 @@ class SpeculativeEngine:
                     heal.advance(token)
         elif logits is None:
             return GenerationResult("", [], "cancelled", stats)
+        elif draft.tokens:
+            verdict = accept(draft, logits)
+            if verdict.accepted < len(draft):
+                cache.crop(verdict.accepted - len(draft))
+            generated = list(verdict.tokens)
+            stats.target_passes = 1
         else:
-            masked = _constrain(logits[None], heal, masks)[0]
+            masked = _constrain(logits[-1:], heal, masks)[0]
             generated = [choose(masked)]
             if heal is not None:
-                if sampling.greedy and generated[0] != int(logits.argmax()):
+                if sampling.greedy and generated[0] != int(logits[-1].argmax()):
                     deviated = 0
                 heal.advance(generated[0])
             stats.target_passes = 1
         known = len(borrowed.known or ())
-        if drafter is not None:
-            drafter.begin(prompt, sampling, generator, session=cache_key)
 
         decode_started = time.perf_counter()
         kept, text, reason, consumed = cut(generated)
@@ -366,19 +414,11 @@ class SpeculativeEngine:
             draft = Draft()
             healing = heal is not None and heal.active  # no drafts while the required text is owed
             if drafter is not None and remaining > 1 and not healing:
-                draft_started = time.perf_counter()
-                draft = drafter.propose(prompt + generated, min(remaining - 1, config.max_draft_tokens))
-                stats.draft_ms += (time.perf_counter() - draft_started) * 1000
+                draft = propose(prompt + generated, remaining)
             pass_started = time.perf_counter()
             logits = self._forward([generated[-1]] + draft.tokens, cache)
             unmasked_choice = int(logits[0].argmax()) if healing and sampling.greedy else None
-            logits = _constrain(logits, heal, masks)
-            if sampling.greedy:
-                verdict = greedy_accept(draft.tokens, logits)
-            else:
-                target_probs = sampling_probs(logits, sampling).cpu()
-                draft_probs = draft.probs.cpu() if draft.probs is not None else None
-                verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
+            verdict = accept(draft, _constrain(logits, heal, masks))
             pass_ms = (time.perf_counter() - pass_started) * 1000
             self.cost.record(len(draft) + 1, pass_ms)
             stats.verify_ms += pass_ms
@@ -386,12 +426,6 @@ class SpeculativeEngine:
             rejected = len(draft) - verdict.accepted
             if rejected:
                 cache.crop(-rejected)
-            if draft.tokens:
-                per = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
-                per.drafts += 1
-                per.proposed += len(draft)
-                per.accepted += verdict.accepted
-                drafter.observe(draft, verdict.accepted)
             if unmasked_choice is not None and verdict.tokens[0] != unmasked_choice:
                 deviated = len(generated)
             generated.extend(verdict.tokens)

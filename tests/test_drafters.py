@@ -143,3 +143,50 @@ def test_auto_uses_the_draft_model_where_no_ngram_match_is_confident():
     for _ in range(20):
         auto.model.stats.update(0, 1, 8)
     assert [len(auto.propose(seq, 8)) for _ in range(5)] == [0] * 5
+
+
+def test_ngram_extends_matches_backwards_to_find_the_copy_being_retyped():
+    # The block [1..9] is copied; the suffix (5, 6) also occurs later, after other context.
+    block = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    live = block + [40, 41, 5, 6, 50, 51] + [1, 2, 3, 4, 5, 6]
+    drafter = NgramDrafter(min_n=1, max_n=2, max_draft=3)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 3)
+    # Most recent 2-gram would give [50, 51]; the copy agrees for 6 tokens and gives [7, 8, 9].
+    assert match.tokens == [7, 8, 9] and match.length == 6 and match.skipped == 0
+
+
+def test_ngram_agreement_steps_over_a_token_boundary_that_differs():
+    # The same text tokenized differently in one spot: 30 in the copy, 31, 32 in the sequence.
+    copy = [1, 2, 3, 4, 30, 5, 6, 7, 8, 9, 10]
+    retyped = [1, 2, 3, 4, 31, 32, 5, 6, 7]
+    index = TokenIndex(copy, min_n=1, max_n=3)
+    # Backwards from just after 7 in both: 7, 6, 5 agree, then 30 meets 32.
+    assert index.agreement(8, retyped, 9, 64, resyncs=0) == 3
+    assert index.agreement(8, retyped, 9, 64) == 7  # 7, 6, 5, then 4, 3, 2, 1 past the spot
+    assert index.agreement(8, retyped, 9, 5) == 5  # never more than the limit
+
+
+def test_ngram_matches_a_copy_whose_last_token_is_tokenized_differently():
+    # The sequence ends inside what the copy holds as one token (99 stands for 98 in the copy).
+    block = list(range(1, 20)) + [98, 60, 61, 62]
+    live = block + [70] + list(range(1, 20)) + [99]
+    drafter = NgramDrafter(min_n=1, max_n=4, max_draft=3)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 3)
+    assert match.skipped == 1 and match.length == 0 and match.tokens == [60, 61, 62]
+    # A short context does not count as a copy: no match rather than a guess.
+    short = [7, 98, 60, 61, 70, 7, 99]
+    drafter.begin(short, GREEDY, None)
+    assert drafter.lookup(short, 3) is None
+
+
+def test_ngram_prefers_the_match_with_more_to_propose_among_equally_long_ones():
+    # A run of zeros after the same context: it matches right behind the cursor, with one token
+    # after it, and in the earlier copy, with the rest of the copied line after it.
+    context = list(range(100, 140))
+    live = context + [0] * 12 + [7, 8, 9] + [55] + context + [0] * 12
+    drafter = NgramDrafter(min_n=1, max_n=4, max_draft=4)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 4)
+    assert match.tokens == [7, 8, 9, 55] and match.length >= NgramDrafter.SURE_MATCH

@@ -153,3 +153,50 @@ def test_rejection_at_every_position_keeps_the_output_exact(targets, wrong):
         assert result.token_ids == truth
         full_drafts = drafter.accepted[:-1]  # the last draft may be cut short by the token limit
         assert all(a == (6 if wrong is None else wrong) for a in full_drafts), drafter.accepted
+
+
+@pytest.mark.parametrize("wrong", [None, 0, 3])
+def test_the_first_draft_is_verified_inside_the_prefill_pass(targets, wrong):
+    """A right draft after the prompt comes out of the prefill: one pass for a whole line; a
+    wrong one is cropped from the cache and the rest decodes exactly as plain greedy."""
+    target = targets[2]
+    prompt = [random.Random(21).randrange(TINY_VOCAB) for _ in range(40)]
+    truth = plain_greedy(target, prompt, 7)
+    drafter = RejectAt(truth + [0] * 8, len(prompt), wrong, length=6)
+    engine = SpeculativeEngine(loaded(target))
+    fed: list[int] = []
+    forward = engine._forward
+
+    def recording_forward(tokens, cache, keep=0):
+        fed.append(len(tokens))
+        return forward(tokens, cache, keep)
+
+    engine._forward = recording_forward
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=7, prefill_chunk=256), drafter)
+    assert result.token_ids == truth
+    assert fed[0] == len(prompt) + 6  # the prompt and the draft in one pass
+    assert drafter.accepted[0] == (6 if wrong is None else wrong)
+    if wrong is None:
+        assert result.stats.target_passes == 1 and len(fed) == 1
+    assert result.stats.drafters["scripted"].proposed >= 6
+
+
+def test_no_draft_rides_on_the_prefill_while_healing_owes_text(targets):
+    target = targets[2]
+    engine = SpeculativeEngine(loaded(target))
+    tok = target_tokenizer = loaded(target).tokenizer
+    prompt = [random.Random(22).randrange(TINY_VOCAB) for _ in range(20)]
+    truth = plain_greedy(target, prompt, 6)
+    required = tok.decode(truth[:1])
+    drafter = RejectAt(truth + [0] * 8, len(prompt), None, length=4)
+    fed: list[int] = []
+    forward = engine._forward
+
+    def recording_forward(tokens, cache, keep=0):
+        fed.append(len(tokens))
+        return forward(tokens, cache, keep)
+
+    engine._forward = recording_forward
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=6, required_prefix=required), drafter)
+    assert fed[0] == len(prompt)  # healing masks one row: the prefill carries no draft
+    assert result.token_ids == truth and target_tokenizer is tok

@@ -205,11 +205,11 @@ def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between
     chunks = {"n": 0}
     forward = engine._forward
 
-    def counting_forward(tokens, cache, last_only=False):
+    def counting_forward(tokens, cache, keep=0):
         chunks["n"] += 1
         if chunks["n"] == 2:
             stop.set()  # as if the next keystroke arrived during the second chunk
-        return forward(tokens, cache, last_only)
+        return forward(tokens, cache, keep)
 
     engine._forward = counting_forward
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=8, prefill_chunk=8), cancel=stop,

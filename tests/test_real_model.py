@@ -83,9 +83,10 @@ def test_edge_prompts_on_the_real_model(default_model):
     empty = engine.generate_text("", GenerationConfig(max_new_tokens=4), make_drafter("auto"))
     assert empty.stats.new_tokens <= 4 and empty.stop_reason in {"max_tokens", "eos"}
     huge = "x = 1\n" * 6000  # ~12k tokens, beyond the 8192-token context
-    result = engine.generate_text(huge, GenerationConfig(max_new_tokens=4), make_drafter("auto"))
+    config = GenerationConfig(max_new_tokens=4)
+    result = engine.generate_text(huge, config, make_drafter("auto"))
     assert result.stats.trimmed_tokens > 0
-    assert result.stats.prompt_tokens + 4 + 8 + 1 == default_model.max_context
+    assert result.stats.prompt_tokens + 4 + config.max_draft_tokens + 1 == default_model.max_context
 
 
 def test_mismatched_draft_model_is_refused(default_model):

@@ -13,7 +13,7 @@ DRAFTER_NAMES = ("none", "ngram", "model", "auto")
 
 
 def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: CostModel | None = None,
-                 max_draft: int = 8, session_cache_bytes: int = 0) -> Drafter | None:
+                 max_draft: int = 16, session_cache_bytes: int = 0) -> Drafter | None:
     """``none`` gives None (plain decoding); ``model`` needs ``draft_model``.
 
     ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only)."""

@@ -68,14 +68,16 @@ class AcceptanceStats:
     accepted / (accepted + rejections) is the maximum-likelihood per-token rate.
     """
 
-    priors: dict[int, float] = field(default_factory=lambda: {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6})
+    # Keyed by the lower bound of each bucket: a match of 5 tokens falls in bucket 4, of 40 in 32.
+    priors: dict[int, float] = field(default_factory=lambda: {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6,
+                                                             8: 0.7, 16: 0.8, 32: 0.9})
     prior_weight: float = 4.0
     decay: float = 0.97
     accepted: dict[int, float] = field(default_factory=dict)
     rejected: dict[int, float] = field(default_factory=dict)
 
     def bucket(self, key: int) -> int:
-        return max(0, min(key, max(self.priors)))
+        return max((b for b in self.priors if b <= key), default=0)
 
     def alpha(self, key: int = 0) -> float:
         b = self.bucket(key)

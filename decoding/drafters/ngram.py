@@ -6,12 +6,19 @@ stream (the live sequence, other open documents, previously accepted completions
 from n-gram to end positions that is extended as tokens arrive rather than rescanned per step.
 The longest match wins; among equally long ones the live sequence first, then accepted
 completions, then other documents, and within a stream the most recent occurrence.
+
+"Longest" is measured past the index's n-gram size: each occurrence of the suffix's longest
+indexed n-gram is extended backwards token by token. Code repeats short n-grams everywhere
+(``self.`` plus a name, an indentation run), so the most recent 6-gram is often in the wrong
+place, while the copy the user is retyping agrees with the text before the cursor for dozens of
+tokens. The extended length also tells the acceptance statistics how much to trust the match.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 
@@ -48,20 +55,55 @@ class TokenIndex:
             self.tokens, self._positions = [], {}
             self.extend(tokens)
 
-    def continuation(self, key: tuple[int, ...], max_len: int, before: int | None = None) -> list[int]:
-        """What followed the most recent occurrence of ``key`` that ends before ``before``."""
-        limit = len(self.tokens) if before is None else before
+    def ends(self, key: tuple[int, ...], before: int | None = None) -> Iterator[int]:
+        """End positions of ``key`` that something follows (and that end before ``before``),
+        the most recent first."""
+        limit = len(self.tokens) if before is None else min(before, len(self.tokens))
         for end in reversed(self._positions.get(key, ())):
             if end < limit:
-                return self.tokens[end:end + max_len]
-        return []
+                yield end
+
+    def continuation(self, key: tuple[int, ...], max_len: int, before: int | None = None) -> list[int]:
+        """What followed the most recent occurrence of ``key`` that ends before ``before``."""
+        end = next(self.ends(key, before), None)
+        return [] if end is None else self.tokens[end:end + max_len]
+
+    def agreement(self, start: int, tokens: Sequence[int], at: int, limit: int, resyncs: int = 2) -> int:
+        """How many tokens before ``start`` in this stream equal those before ``at`` in ``tokens``
+        (at most ``limit``): how far a match extends backwards.
+
+        The same text cut at another place is tokenized differently for a token or two (an
+        indentation run split before a word, a word split by the cursor), so up to ``resyncs``
+        such spots are stepped over where the two streams line up again right before them.
+        """
+        own, n, i, j = self.tokens, 0, start, at
+        while n < limit and i > 0 and j > 0:
+            if own[i - 1] == tokens[j - 1]:
+                n, i, j = n + 1, i - 1, j - 1
+                continue
+            skip = next(((di, dj) for di, dj in RESYNC_SKIPS
+                         if i - di >= 2 and j - dj >= 2 and own[i - di - 1] == tokens[j - dj - 1]
+                         and own[i - di - 2] == tokens[j - dj - 2]), None) if resyncs else None
+            if skip is None:
+                break
+            resyncs, i, j = resyncs - 1, i - skip[0], j - skip[1]
+        return n
+
+
+# (tokens skipped in the stream, in the sequence) to line the two up again after a disagreement
+RESYNC_SKIPS = ((1, 1), (0, 1), (1, 0), (2, 1), (1, 2), (2, 2))
 
 
 @dataclass
 class Match:
     tokens: list[int]
-    length: int  # how many trailing tokens matched
+    length: int  # how many trailing tokens matched (up to ``NgramDrafter.MAX_MATCH``); 0: see below
     source: str
+    # A sequence that ends at another token boundary than the copy it retypes (a cursor inside an
+    # indentation run or a word) has no exact match for its last tokens; the copy is then found
+    # from the tokens before them and ``skipped`` of its tokens are taken to stand for them. Such a
+    # match has ``length`` 0, so its acceptance is learned apart from the exact ones.
+    skipped: int = 0
 
 
 class NgramDrafter:
@@ -69,8 +111,13 @@ class NgramDrafter:
 
     name = "ngram"
     HISTORY_LIMIT = 8192  # tokens of accepted completions kept as a draft source
+    CANDIDATES = 32  # most recent occurrences per source that are extended backwards
+    MAX_MATCH = 64  # extending a match further back costs time and tells nothing more
+    SURE_MATCH = 32  # matches at least this long count as equally trustworthy (one stats bucket)
+    SHORT_MATCH = 4  # an exact match shorter than this gives way to a long one skipping the last tokens
+    SKIP_MATCH = 12  # how long a match skipping the last tokens must be to be trusted at all
 
-    def __init__(self, min_n: int = 1, max_n: int = 6, max_draft: int = 8,
+    def __init__(self, min_n: int = 1, max_n: int = 6, max_draft: int = 16,
                  cost: CostModel | None = None) -> None:
         self.min_n, self.max_n, self.max_draft = min_n, max_n, max_draft
         self.cost = cost or CostModel()
@@ -108,17 +155,44 @@ class NgramDrafter:
         if max_len <= 0:
             return None
         self._live.sync(tokens)
+        exact = None
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            exact = self._best(tokens, len(tokens), n, max_len)
+            if exact is not None:
+                break
+        if exact is not None and exact.length >= self.SHORT_MATCH:
+            return exact
+        for skipped in (1, 2):
+            n = min(self.max_n, len(tokens) - skipped)
+            fuzzy = self._best(tokens, len(tokens) - skipped, n, max_len, skipped) if n >= 1 else None
+            if fuzzy is not None and fuzzy.length >= self.SKIP_MATCH:
+                return Match(tokens=fuzzy.tokens, length=0, source=fuzzy.source, skipped=skipped)
+        return exact
+
+    def _best(self, tokens: Sequence[int], size: int, n: int, max_len: int, skipped: int = 0) -> Match | None:
+        """The longest match of the ``n`` tokens before ``size``, continuing ``skipped`` tokens on."""
         ordered = [("live", self._live), ("history", self._history)]
         ordered += [(f"doc:{name}", index) for name, index in self._sources.items()]
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            key = tuple(tokens[len(tokens) - n:])
-            for source, index in ordered:
-                # In the live stream the suffix itself is indexed; only earlier ends have a continuation.
-                before = len(tokens) if index is self._live else None
-                found = index.continuation(key, max_len, before)
-                if found:
-                    return Match(tokens=found, length=n, source=source)
-        return None
+        key = tuple(tokens[size - n:size])
+        best: tuple[tuple[int, int, int], str, TokenIndex, int] | None = None
+        for source, index in ordered:
+            # In the live stream the suffix itself is indexed; only earlier ends have a continuation.
+            before = size if index is self._live else None
+            for end in islice(index.ends(key, before), self.CANDIDATES):
+                if end + skipped >= len(index.tokens) or (index is self._live and end + skipped >= size):
+                    continue
+                length = n + index.agreement(end - n, tokens, size - n, self.MAX_MATCH - n)
+                # Equally long, or both past SURE_MATCH: the one with more to propose (a run like
+                # 0000 matches right behind the cursor, with one token after it, and in the copy),
+                # then the longer, then the earlier source, then the later end.
+                available = min(len(index.tokens) - end - skipped, max_len)
+                score = (min(length, self.SURE_MATCH), available, length)
+                if best is None or score > best[0]:
+                    best = (score, source, index, end)
+        if best is None:
+            return None
+        (_, _, length), source, index, end = best
+        return Match(tokens=index.tokens[end + skipped:end + skipped + max_len], length=length, source=source)
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         match = self.lookup(tokens, min(max_len, self.max_draft))
