@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
-from decoding.kv_cache import Borrowed, PrefixCache
+from decoding.kv_cache import Borrowed, PrefixCache, new_cache
 from decoding.models import LoadedModel
 from decoding.verify import (
     Acceptance,
@@ -231,13 +231,14 @@ class SpeculativeEngine:
         if borrowed.known:
             return borrowed, None, Draft()
         if borrowed.cache is None:
-            borrowed.cache = DynamicCache(config=self.target.model.config)
+            borrowed.cache = new_cache(self.target.model.config)
         done, chunk = borrowed.reused, max(1, config.prefill_chunk)
         while True:
             end = min(len(prompt), done + chunk)
             draft = Draft()
             if end == len(prompt) and draft_for is not None:
-                draft = draft_for()
+                with self.cost.riding(end - done):
+                    draft = draft_for()
             logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, keep=len(draft) + 1)
             done = end
             if done == len(prompt):

@@ -106,6 +106,19 @@ def test_draft_length_follows_acceptance_and_measured_cost():
     assert best_draft_length(0.3, 1, cost)[1] > 1.0
 
 
+def test_a_draft_riding_on_a_prefill_pass_is_priced_by_the_rows_it_adds():
+    cost = CostModel()  # the CPU prior: 16 rows on a 448-token prefill add ~0.5 of a step
+    assert cost.verify(4) == cost.relative(5)  # a decode step verifies k drafts in a (k+1)-token pass
+    with cost.riding(448):
+        assert 1.0 < cost.verify(4) < cost.verify(16) < 1.6 < cost.relative(17)
+        assert best_draft_length(0.15, 16, cost)[1] > 1.05  # a weak 1-token n-gram match
+        assert best_draft_length(0.3, 16, cost)[0] >= 2  # is worth a few rows of a pass that runs anyway
+        with cost.riding(3):  # a short tail (the prefix cache held the rest) is a decode step
+            assert cost.verify(4) == cost.relative(5)
+    assert cost.riding_on == 0
+    assert best_draft_length(0.15, 16, cost)[1] < 1.0  # outside the prefill it is not
+
+
 def test_auto_does_not_speculate_where_the_expected_gain_is_below_one():
     auto = make_drafter("auto")
     assert isinstance(auto, AutoDrafter)

@@ -198,3 +198,18 @@ def test_no_draft_rides_on_the_prefill_while_healing_owes_text(targets):
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=6, required_prefix=required), drafter)
     assert fed[0] == len(prompt)  # healing masks one row: the prefill carries no draft
     assert result.token_ids == truth
+
+
+def test_a_weak_ngram_match_rides_on_the_prefill_but_does_not_buy_a_decode_pass(targets):
+    """A 1-token n-gram match is accepted ~15% of the time: not worth a decode pass of its own,
+    but worth one more row of the prefill pass, which runs anyway."""
+    target = targets[2]
+    prompt = list(range(40)) + [7]  # the last token occurred once before: a 1-token match
+    engine = SpeculativeEngine(loaded(target))
+    auto = make_drafter("auto", cost=engine.cost)
+    fed = record_fed_lengths(engine)
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=2, prefill_chunk=256), auto)
+    assert fed[0] == len(prompt) + 1  # the prompt and the 1-token draft [8]
+    assert result.token_ids == plain_greedy(target, prompt, 2)
+    auto.begin(prompt, GenerationConfig().sampling, None)
+    assert len(auto.propose(prompt, 16)) == 0  # the same match between decode steps: no draft

@@ -232,3 +232,36 @@ def test_the_draft_model_keeps_one_cache_per_session(target, draft):
     result = engine.generate(a + [3], config, drafter, cache_key="a")
     assert drafter.sessions.stats.reused_tokens >= len(a)
     assert result.token_ids == plain_greedy(target, a + [3], 6)
+
+
+def test_the_growing_cache_gives_the_stock_caches_logits_through_appends_and_crops(target):
+    """``new_cache`` writes into spare room instead of concatenating; whatever sequence of passes
+    and roll-backs the engine makes, the logits must be the stock ``DynamicCache``'s."""
+    import torch
+    from transformers import DynamicCache
+
+    from decoding.kv_cache import GrowingLayer, cache_nbytes, new_cache
+
+    model = target
+    rng = random.Random(5)
+    growing, stock = new_cache(model.config), DynamicCache(config=model.config)
+    assert all(isinstance(layer, GrowingLayer) for layer in growing.layers)
+    reallocations, buffer = 0, None
+    with torch.inference_mode():
+        for step in range(60):
+            if step and rng.random() < 0.3:  # a rejected draft or a cropped prefix
+                drop = -rng.randint(1, min(6, cache_length(stock)))
+                growing.crop(drop)
+                stock.crop(drop)
+            n = 40 if step == 0 else rng.randint(1, 9)
+            ids = torch.tensor([[rng.randrange(TINY_VOCAB) for _ in range(n)]])
+            mine = model(input_ids=ids, past_key_values=growing, use_cache=True).logits
+            theirs = model(input_ids=ids, past_key_values=stock, use_cache=True).logits
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+            assert cache_length(growing) == cache_length(stock)
+            now = growing.layers[0]._key_buffer.data_ptr()
+            reallocations += buffer is not None and now != buffer
+            buffer = now
+    assert cache_length(stock) > 40 + GrowingLayer.SPARE  # it had to grow at least once
+    assert 1 <= reallocations <= 3  # ...but not on every pass
+    assert cache_nbytes(growing) >= cache_nbytes(stock)  # the spare room is counted against the budget

@@ -63,8 +63,8 @@ class AutoDrafter:
             catch_up = self.model.relative_cost * self.cost.relative(behind) if behind > 1 else 0.0
             k, gain = best_draft_length(self.model.stats.alpha(), min(max_len, self.model.max_draft),
                                         self.cost, draft_cost=self.model.relative_cost)
-            gain *= (self.cost.relative(k + 1) + k * self.model.relative_cost) / (
-                self.cost.relative(k + 1) + k * self.model.relative_cost + catch_up)
+            gain *= (self.cost.verify(k) + k * self.model.relative_cost) / (
+                self.cost.verify(k) + k * self.model.relative_cost + catch_up)
             if gain >= self.MIN_GAIN or (behind <= self.model.max_draft and self._probe("model")):
                 candidates.append((gain, "model", k))
         if not candidates:

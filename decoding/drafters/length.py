@@ -2,20 +2,26 @@
 
 With a per-token acceptance rate a, a draft of k tokens yields E(k) = (1 - a^(k+1)) / (1 - a)
 tokens per target pass (the accepted run plus the target's own token). That pass costs c(k+1)
-single-token steps, plus k draft steps at relative cost d for a draft model. Speculating pays
-only where E(k) / (c(k+1) + k*d) > 1. On the 2-core CPU c is far from flat (2 tokens cost 1.8
-steps, 4-8 tokens ~1.5), so the costs are measured while serving rather than assumed.
+single-token steps (far less when it rides on a prefill pass: ``CostModel.verify``), plus k
+draft steps at relative cost d for a draft model. Speculating pays only where
+E(k) / (c(k+1) + k*d) > 1. On the 2-core CPU c is far from flat (2 tokens cost 1.8 steps, 4-8
+tokens ~1.5), so the costs are measured while serving rather than assumed.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Relative cost of one target pass over n tokens, measured with SmolLM2-135M fp32 on the 2-core
-# CPU (see shared/DESIGN.md); replaced by live measurements as passes are timed.
+# CPU (see shared/DESIGN.md; the passes of 64 tokens and more, timed with one logits row, price the
+# drafts that ride on a prefill); replaced by live measurements as passes are timed.
 CPU_PRIOR = {1: 1.0, 2: 1.8, 3: 2.15, 4: 1.5, 5: 1.45, 6: 1.4, 7: 1.4, 8: 1.4, 9: 1.45,
-             10: 1.5, 12: 1.55, 16: 1.65, 24: 2.2, 32: 2.8}
+             10: 1.5, 12: 1.55, 16: 1.65, 24: 2.2, 32: 2.8, 64: 3.5, 128: 5.2, 256: 8.4, 512: 17.2}
 ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
+# A draft riding on a prefill pass of at least this many tokens is priced by the rows it adds.
+RIDING_MIN_TOKENS = 16
 
 
 def _interpolate(table: dict[int, float], n: int) -> float:
@@ -38,6 +44,7 @@ class CostModel:
     prior: dict[int, float] = field(default_factory=lambda: dict(CPU_PRIOR))
     smoothing: float = 0.2
     measured_ms: dict[int, float] = field(default_factory=dict)
+    riding_on: int = 0  # tokens of the prefill pass a draft would ride on (0: a decode step)
 
     @classmethod
     def for_device(cls, device_type: str) -> CostModel:
@@ -58,6 +65,28 @@ class CostModel:
         if one and here:
             return here / one
         return _interpolate(self.prior, n_tokens)
+
+    def verify(self, k: int) -> float:
+        """Cost of the pass that verifies ``k`` drafted tokens, in single-token steps.
+
+        In decoding that is a pass over k+1 tokens. A draft riding on a prefill pass of n tokens
+        costs only the rows it adds to a pass that runs anyway (on the CPU a few hundredths of a
+        step each), so there even a weak draft is worth sending: it is priced as one step plus
+        that difference, from the prior table (a long pass is rarely timed at the same length).
+        """
+        n = self.riding_on
+        if n < RIDING_MIN_TOKENS:
+            return self.relative(k + 1)
+        return 1.0 + max(0.0, _interpolate(self.prior, n + k) - _interpolate(self.prior, n))
+
+    @contextlib.contextmanager
+    def riding(self, prefill_tokens: int) -> Iterator[None]:
+        """Price drafts proposed inside this block as riding on a prefill pass of that length."""
+        saved, self.riding_on = self.riding_on, prefill_tokens
+        try:
+            yield
+        finally:
+            self.riding_on = saved
 
 
 @dataclass
@@ -106,7 +135,7 @@ def best_draft_length(alpha: float, max_len: int, cost: CostModel,
     """The draft length in 1..max_len with the best speed-up over plain decoding, and that speed-up."""
     if max_len <= 0:
         return 0, 1.0
-    gains = {k: expected_tokens(alpha, k) / (cost.relative(k + 1) + k * draft_cost)
+    gains = {k: expected_tokens(alpha, k) / (cost.verify(k) + k * draft_cost)
              for k in range(1, max_len + 1)}
     best = max(gains, key=lambda k: (gains[k], -k))
     return best, gains[best]

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, common_prefix_length
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
-from decoding.kv_cache import PrefixCache
+from decoding.kv_cache import PrefixCache, new_cache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
 
@@ -72,7 +72,7 @@ class ModelDrafter:
         """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""
         keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
         if self._cache is None or keep == 0:
-            self._cache, self._cached = DynamicCache(config=self.draft.model.config), []
+            self._cache, self._cached = new_cache(self.draft.model.config), []
         elif keep < len(self._cached):
             self._cache.crop(keep - len(self._cached))
             del self._cached[keep:]
