@@ -4,8 +4,9 @@ Code repeats itself (names, call shapes, whole lines copied from above or from a
 file), and a match costs nothing to find, so this is the drafter that pays on a CPU. Each token
 stream (the live sequence, other open documents, previously accepted completions) has an index
 from n-gram to end positions that is extended as tokens arrive rather than rescanned per step.
-The longest match wins; among equally long ones the live sequence first, then accepted
-completions, then other documents, and within a stream the most recent occurrence.
+The longest match wins; among equally long ones (or ones both past ``SURE_MATCH`` tokens) the
+one with more tokens to propose, then the live sequence first, then accepted completions, then
+other documents, and within a stream the most recent occurrence.
 
 "Longest" is measured past the index's n-gram size: each occurrence of the suffix's longest
 indexed n-gram is extended backwards token by token. Code repeats short n-grams everywhere
