@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from decoding.cpu_matmul import use_small_batch_linear
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
@@ -238,6 +240,8 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
         model, tokenizer = _from_folder(folder, gguf_file=None, dtype=torch_dtype,
                                         trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    if torch_device.type == "cpu" and torch_dtype == torch.float32:
+        use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py
     return LoadedModel(model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype,
                        source=str(path if path.exists() else spec))
 

@@ -14,6 +14,7 @@ import torch
 
 from decoding.drafters import make_drafter
 from decoding.drafters.base import Draft
+from decoding.drafters.length import CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from tests.reference import plain_greedy
 from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
@@ -205,7 +206,9 @@ def test_a_weak_ngram_match_rides_on_the_prefill_but_does_not_buy_a_decode_pass(
     but worth one more row of the prefill pass, which runs anyway."""
     target = targets[2]
     prompt = list(range(40)) + [7]  # the last token occurred once before: a 1-token match
-    engine = SpeculativeEngine(loaded(target))
+    # Priced as on a CPU where a decode pass over 2 tokens costs 1.8 single-token steps.
+    cost = CostModel(prior={1: 1.0, 2: 1.8, 4: 1.5, 8: 1.4, 16: 1.7, 32: 2.8, 256: 8.4, 512: 17.2})
+    engine = SpeculativeEngine(loaded(target), cost=cost)
     auto = make_drafter("auto", cost=engine.cost)
     fed = record_fed_lengths(engine)
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=2, prefill_chunk=256), auto)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from decoding import models
+from decoding.cpu_matmul import SmallBatchLinear
 from decoding.models import (
     ModelLoadError,
     check_draft_compatible,
@@ -51,6 +52,11 @@ def test_a_local_safetensors_folder_loads(tmp_path, default_tokenizer_folder):
     assert lm.dtype == torch.float32 and lm.device.type == "cpu"
     for a, b in zip(lm.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
+    # fp32 on the CPU: every linear layer takes the faster small-batch product (cpu_matmul.py)
+    assert all(type(m) is not torch.nn.Linear for m in lm.model.modules())
+    assert any(isinstance(m, SmallBatchLinear) for m in lm.model.modules())
+    bf16 = load_model(str(tmp_path), device="cpu", dtype="bfloat16")
+    assert not any(isinstance(m, SmallBatchLinear) for m in bf16.model.modules())
 
 
 def test_pickle_checkpoints_are_refused_unless_asked(tmp_path, default_tokenizer_folder):

@@ -4,8 +4,8 @@ With a per-token acceptance rate a, a draft of k tokens yields E(k) = (1 - a^(k+
 tokens per target pass (the accepted run plus the target's own token). That pass costs c(k+1)
 single-token steps (far less when it rides on a prefill pass: ``CostModel.verify``), plus k
 draft steps at relative cost d for a draft model. Speculating pays only where
-E(k) / (c(k+1) + k*d) > 1. On the 2-core CPU c is far from flat (2 tokens cost 1.8 steps, 4-8
-tokens ~1.5), so the costs are measured while serving rather than assumed.
+E(k) / (c(k+1) + k*d) > 1. On the 2-core CPU c is far from flat (2 or 4 tokens cost about one
+step, 8 tokens 1.6, 9 and more 2), so the costs are measured while serving rather than assumed.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Relative cost of one target pass over n tokens, measured with SmolLM2-135M fp32 on the 2-core
-# CPU (see shared/DESIGN.md; the passes of 64 tokens and more, timed with one logits row, price the
-# drafts that ride on a prefill); replaced by live measurements as passes are timed.
-CPU_PRIOR = {1: 1.0, 2: 1.8, 3: 2.15, 4: 1.5, 5: 1.45, 6: 1.4, 7: 1.4, 8: 1.4, 9: 1.45,
-             10: 1.5, 12: 1.55, 16: 1.65, 24: 2.2, 32: 2.8, 64: 3.5, 128: 5.2, 256: 8.4, 512: 17.2}
+# CPU with the small-batch layers of ``cpu_matmul.py`` (the passes of 64 tokens and more, timed
+# with one logits row, price the drafts that ride on a prefill); replaced by live measurements as
+# passes are timed.
+CPU_PRIOR = {1: 1.0, 2: 1.05, 3: 1.25, 4: 1.1, 5: 1.3, 6: 1.5, 8: 1.57, 9: 1.8, 10: 2.15,
+             16: 2.25, 24: 2.45, 32: 2.8, 64: 3.8, 128: 5.6, 256: 9.1, 512: 18.6}
 ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
 # A draft riding on a prefill pass of at least this many tokens is priced by the rows it adds.
 RIDING_MIN_TOKENS = 16
