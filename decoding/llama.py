@@ -1,0 +1,325 @@
+"""A lean forward for Llama-family models on the CPU, in the style of gpt-fast's ``model.py``.
+
+Why not transformers' forward: with 4-bit weights a decode step's matmuls take a few ms, and
+transformers' eager forward spent about twice that again on small ops (per-layer cache objects,
+masks built per layer, rotary tables per pass, dtype shuffles, ``torch.cat`` of the cache). Here
+a step is the minimum: per layer one norm, one product for q/k/v together, one complex multiply
+for rotary on q and k together, two copies into a preallocated cache, two attention matmuls, one
+product for the output, one norm, one product for gate and up together, one for down.
+
+Every row of a pass is computed as it would be alone (the tests check it bit for bit): the
+linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least
+``MIN_ATTENTION_ROWS`` query rows at a time (MKL sums a one- or two-row product in another
+order), and a verification pass's causal mask only adds exact zeros to a row's softmax. That is
+what makes speculative greedy decoding equal plain decoding of this very model.
+
+Weights come from a GGUF file's own quantized blocks (``from_gguf``) or from a transformers
+Llama quantized at load (``from_transformers``). Rotary embeddings act on adjacent pairs, as in
+llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into it at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
+from decoding.quant.layers import DenseLinear, concat_rows, linear_for
+
+MIN_ATTENTION_ROWS = 3
+LLAMA_ARCHITECTURES = ("llama",)
+
+
+class UnsupportedModel(ValueError):
+    """The lean forward does not cover this model; the caller falls back to transformers'."""
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    layers: int
+    dim: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    rope_theta: float
+    norm_eps: float
+    max_context: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor
+    qkv: torch.nn.Module
+    out: torch.nn.Module
+    ffn_norm: torch.Tensor
+    gate_up: torch.nn.Module
+    down: torch.nn.Module
+
+
+class KVCache:
+    """Keys and values of every layer in one preallocated buffer; cropping moves an index.
+
+    ``crop`` and ``get_seq_length`` follow transformers' ``DynamicCache`` so the engine and the
+    prefix store treat both alike. The buffer grows by a quarter (at least ``SPARE`` tokens)
+    when a pass would overflow it; positions past ``length`` hold stale but finite values,
+    which the causal mask hides.
+    """
+
+    SPARE = 256
+
+    def __init__(self, shape: LlamaShape, capacity: int = 0) -> None:
+        self.shape = shape
+        self.length = 0
+        self.keys = self._buffer(max(capacity, self.SPARE))
+        self.values = self._buffer(max(capacity, self.SPARE))
+
+    def _buffer(self, capacity: int) -> torch.Tensor:
+        s = self.shape
+        return torch.zeros(s.layers, s.kv_heads, capacity, s.head_dim)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def reserve(self, extra: int) -> None:
+        need = self.length + extra
+        if need <= self.capacity:
+            return
+        capacity = need + max(self.SPARE, need // 4)
+        for name in ("keys", "values"):
+            grown = self._buffer(capacity)
+            grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
+            setattr(self, name, grown)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, n: int) -> None:
+        """``n`` < 0 drops that many tokens from the end; otherwise keeps the first ``n``."""
+        self.length = max(0, self.length + n) if n < 0 else min(self.length, n)
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class LlamaForward:
+    """Logits for tokens fed after a ``KVCache``; the model's weights and rotary table."""
+
+    def __init__(self, shape: LlamaShape, embed: torch.Tensor, layers: list[LlamaLayer],
+                 norm: torch.Tensor, head: torch.nn.Module) -> None:
+        self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
+        self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
+        half = shape.head_dim // 2
+        freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
+        angles = torch.outer(torch.arange(shape.max_context, dtype=torch.float64), freqs)
+        rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
+        # q's rows also take the attention scale, so scores need no extra op; k's rows do not.
+        scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)
+        self.rotary = rotary[:, None, :] * scale[None, :, None]  # (positions, heads + kv_heads, half)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.shape.vocab
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.shape)
+
+    def weight_kinds(self) -> set[str]:
+        """The layer kinds holding the weights (for stats and logs)."""
+        return {type(m).__name__ for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up,
+                                                                     layer.down)}
+
+    def nbytes(self) -> int:
+        """Bytes of weights (the tied embedding counted once)."""
+        total = self.norm.nbytes + self.head.nbytes()
+        if self.embed.data_ptr() != getattr(self.head, "weight", self.norm).data_ptr():
+            total += self.embed.nbytes
+        for layer in self.layers:
+            total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes
+            total += sum(m.nbytes() for m in (layer.qkv, layer.out, layer.gate_up, layer.down))
+        return total
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Sequence[int], cache: KVCache, keep: int = 0) -> torch.Tensor:
+        """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all)."""
+        rows, start = len(tokens), cache.length
+        end = start + rows
+        if end > self.shape.max_context:
+            raise ValueError(f"{end} positions exceed the model's context of {self.shape.max_context}")
+        cache.reserve(rows)
+        h = self.embed[torch.tensor(list(tokens), dtype=torch.long)]
+        rotary = self.rotary[start:end]
+        mask = None
+        if rows > 1:  # row i may see keys up to start + i
+            mask = torch.full((rows, end), float("-inf")).triu_(start + 1)
+        for index, layer in enumerate(self.layers):
+            h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
+            h = h + self._feed_forward(layer, h)
+        cache.length = end
+        if keep:
+            h = h[-keep:]
+        return self.head(F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps))
+
+    def _attention(self, index: int, layer: LlamaLayer, h: torch.Tensor, rotary: torch.Tensor,
+                   mask: torch.Tensor | None, cache: KVCache, start: int, end: int) -> torch.Tensor:
+        s, rows = self.shape, h.shape[0]
+        qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
+        rotated_heads = s.heads + s.kv_heads
+        qk = qkv[:, : rotated_heads * s.head_dim].float().view(rows, rotated_heads, s.head_dim // 2, 2)
+        qk = torch.view_as_real(torch.view_as_complex(qk) * rotary).view(rows, rotated_heads, s.head_dim)
+        v = qkv[:, rotated_heads * s.head_dim :].view(rows, s.kv_heads, s.head_dim)
+        cache.keys[index, :, start:end] = qk[:, s.heads :].transpose(0, 1)
+        cache.values[index, :, start:end] = v.transpose(0, 1)
+        keys, values = cache.keys[index, :, :end], cache.values[index, :, :end]
+        # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
+        q = qk[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
+        q = q.reshape(s.kv_heads, s.group * rows, s.head_dim)
+        padded = max(0, MIN_ATTENTION_ROWS - q.shape[1])
+        if padded:
+            q = torch.cat([q, q[:, :1].expand(-1, padded, -1)], dim=1)
+        scores = torch.matmul(q, keys.transpose(1, 2))
+        if mask is not None:
+            scores[:, : s.group * rows].view(s.kv_heads, s.group, rows, end).add_(mask)
+        attended = torch.matmul(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
+        merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
+        return layer.out(merged.reshape(rows, s.dim))
+
+    def _feed_forward(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        gate, up = layer.gate_up(F.rms_norm(h, (s.dim,), layer.ffn_norm, s.norm_eps)).split(s.ffn, dim=-1)
+        return layer.down(F.silu(gate) * up)
+
+
+# -- building one ----------------------------------------------------------------------------------
+def _rope_order(rows: int, heads: int) -> np.ndarray:
+    """Row order taking a transformers q/k projection (rotate-half pairs) to adjacent pairs."""
+    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+
+
+def _assemble(shape: LlamaShape, weight, vector, embed: torch.Tensor, head: torch.nn.Module) -> LlamaForward:
+    """``weight(name, i)`` gives a layer's QuantTensor, ``vector(name, i)`` a norm's fp32 weights."""
+    layers = []
+    for i in range(shape.layers):
+        qkv = concat_rows([weight("q", i), weight("k", i), weight("v", i)])
+        gate_up = concat_rows([weight("gate", i), weight("up", i)])
+        layers.append(LlamaLayer(
+            attn_norm=vector("attn_norm", i), qkv=linear_for(qkv), out=linear_for(weight("o", i)),
+            ffn_norm=vector("ffn_norm", i), gate_up=linear_for(gate_up), down=linear_for(weight("down", i))))
+    return LlamaForward(shape, embed, layers, vector("norm", None), head)
+
+
+GGUF_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
+              "up": "ffn_up", "down": "ffn_down", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_shape(reader) -> LlamaShape:
+    arch = _field(reader, "general.architecture")
+    if arch not in LLAMA_ARCHITECTURES:
+        raise UnsupportedModel(f"architecture {arch!r} (covered: {', '.join(LLAMA_ARCHITECTURES)})")
+    if _field(reader, f"{arch}.rope.scaling.type", "none") not in ("none", None):
+        raise UnsupportedModel("rotary scaling")
+    tensors = {t.name: t for t in reader.tensors}
+    dim = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    rope_dims = _field(reader, f"{arch}.rope.dimension_count", dim // heads)
+    if int(rope_dims) != dim // heads or "blk.0.attn_q.bias" in tensors:
+        raise UnsupportedModel("partial rotary or attention biases")
+    return LlamaShape(
+        layers=int(_field(reader, f"{arch}.block_count")), dim=dim, heads=heads,
+        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        ffn=int(_field(reader, f"{arch}.feed_forward_length")),
+        vocab=int(tensors["token_embd.weight"].shape[1]),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_context=int(_field(reader, f"{arch}.context_length", 2048)))
+
+
+def from_gguf(path: str) -> LlamaForward:
+    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    shape = gguf_shape(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def tensor(name: str) -> QuantTensor:
+        t = tensors[name]
+        return decode_tensor(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0])))
+
+    def weight(kind: str, i: int) -> QuantTensor:
+        return tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+
+    def vector(kind: str, i: int | None) -> torch.Tensor:
+        name = "output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight"
+        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
+
+    # The output layer stays dense fp32 (exact for every type; see quant/layers.py); tied
+    # embeddings are looked up in the same matrix.
+    tied = "output.weight" not in tensors
+    head = DenseLinear(torch.from_numpy(tensor("token_embd.weight" if tied else "output.weight").dense()))
+    embed = head.weight if tied else torch.from_numpy(tensor("token_embd.weight").dense())
+    forward = _assemble(shape, weight, vector, embed, head)
+    forward.formats = "+".join(sorted({t.tensor_type.name for t in reader.tensors}))
+    return forward
+
+
+def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
+    """A transformers Llama, its linear layers quantized at load (``bits`` 4 or 8; 0 keeps them
+    dense fp32, which the tests use to check this forward against transformers')."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": getattr(config, "rope_theta", 10000.0)}
+    if getattr(config, "model_type", "") != "llama" or rope.get("rope_type", "default") != "default":
+        raise UnsupportedModel(f"model type {getattr(config, 'model_type', '?')!r} with rope {rope}")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise UnsupportedModel("biases")
+    shape = LlamaShape(
+        layers=config.num_hidden_layers, dim=config.hidden_size, heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads, ffn=config.intermediate_size, vocab=config.vocab_size,
+        rope_theta=float(rope["rope_theta"]),
+        norm_eps=config.rms_norm_eps, max_context=config.max_position_embeddings)
+    if shape.head_dim * shape.heads != shape.dim:
+        raise UnsupportedModel("head_dim other than hidden_size / heads")
+    blocks = model.model.layers
+    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+             "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+    def weight(kind: str, i: int) -> QuantTensor:
+        w = blocks[i].get_submodule(names[kind]).weight.detach().float().numpy()
+        if kind in ("q", "k"):
+            w = w[_rope_order(w.shape[0], shape.heads if kind == "q" else shape.kv_heads)]
+        if not bits or w.shape[1] % 32:
+            return QuantTensor(w.shape, "F32", values=np.ascontiguousarray(w))
+        return quantize_dense(w, bits)
+
+    def vector(kind: str, i: int | None) -> torch.Tensor:
+        module = model.model.norm if i is None else blocks[i].get_submodule(names[kind])
+        return module.weight.detach().float().clone()
+
+    head = DenseLinear(model.lm_head.weight.detach())
+    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    embed = head.weight if tied else model.model.embed_tokens.weight.detach().float().clone()
+    forward = _assemble(shape, weight, vector, embed, head)
+    forward.formats = f"int{bits}"
+    return forward
+
+
+__all__ = ["KVCache", "LlamaForward", "LlamaShape", "UnsupportedModel", "from_gguf", "from_transformers"]

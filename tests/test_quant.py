@@ -1,0 +1,183 @@
+"""Quantized weights and the lean forward: GGUF blocks decode to the gguf package's own values,
+the layers and the whole forward are batch-invariant bit for bit, and speculative greedy
+decoding on the quantized model equals that model's own plain greedy decoding."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import quants
+
+from decoding.drafters import make_drafter
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.llama import KVCache, from_transformers
+from decoding.models import LoadedModel
+from decoding.quant.gguf_blocks import decode_tensor, quantize_dense, supports_int4
+from decoding.quant.layers import DenseLinear, Int4Linear, linear_for
+from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
+from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
+
+OUT, IN = 64, 512  # two Q4_K super-blocks per row
+
+
+def random_blocks(kind: QType, rng: np.random.Generator) -> np.ndarray:
+    """Raw bytes of an (OUT, IN) tensor of ``kind``: quantized with the gguf package where it can,
+    random bytes with sane fp16 scales where it only dequantizes (K-quants)."""
+    weights = rng.standard_normal((OUT, IN)).astype(np.float32)
+    if kind in (QType.Q4_0, QType.Q4_1, QType.Q8_0):
+        return quants.quantize(weights, kind)
+    block_size, type_size = quants.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (OUT * IN // block_size, type_size), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.05, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if kind == QType.Q4_K:
+        raw[:, 0:4] = scales.reshape(-1, 4)  # d, dmin
+    elif kind == QType.Q6_K:
+        raw[:, -2:] = scales[:, :2]  # d
+    return raw.reshape(OUT, -1)
+
+
+@pytest.mark.parametrize("kind", [QType.Q4_0, QType.Q4_1, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.F16])
+def test_gguf_blocks_decode_to_the_gguf_packages_own_values(kind):
+    rng = np.random.default_rng(int(kind))
+    raw = (rng.standard_normal((OUT, IN)).astype(np.float16).view(np.uint8) if kind == QType.F16
+           else random_blocks(kind, rng))
+    tensor = decode_tensor(raw, kind, (OUT, IN))
+    want = quants.dequantize(raw, kind).reshape(OUT, IN)
+    assert (tensor.terms is not None) == supports_int4(kind)
+    if tensor.terms is not None:
+        assert all(t.q.min() >= 0 and t.q.max() <= 15 for t in tensor.terms)
+        assert len(tensor.terms) == (2 if kind == QType.Q8_0 else 1)
+    # The terms' values are the file's: equal, up to one rounding of zero = m + 8d or 8 d sc - dmin m.
+    np.testing.assert_allclose(tensor.dense(), want, rtol=0, atol=float(np.abs(want).max()) * 2**-22)
+    if kind in (QType.Q4_0, QType.Q8_0, QType.Q6_K, QType.F16):
+        assert np.array_equal(tensor.dense(), want)  # no zero term to round: exact
+
+
+def kernel_weights(layer: Int4Linear) -> torch.Tensor:
+    """What the kernel really multiplies with: the identity matrix through the layer."""
+    return layer(torch.eye(layer.in_features)).float().t()
+
+
+@pytest.mark.parametrize("kind", [QType.Q4_1, QType.Q8_0, QType.Q4_K])
+def test_int4_layer_multiplies_with_the_files_values_up_to_bf16_scales(kind):
+    rng = np.random.default_rng(7)
+    tensor = decode_tensor(random_blocks(kind, rng), kind, (OUT, IN))
+    layer = linear_for(tensor)
+    assert isinstance(layer, Int4Linear)
+    want = torch.from_numpy(tensor.dense())
+    # Rounding enters where the doc says: scales and zeros in bf16, the output in bf16.
+    scale = want.abs().amax(dim=1, keepdim=True)
+    assert ((kernel_weights(layer) - want).abs() <= scale * 2**-6).all()
+    x = torch.randn(5, IN)
+    close = torch.from_numpy(tensor.dense()) @ x.t()
+    assert torch.allclose(layer(x).float(), close.t(), rtol=0.05, atol=0.05 * close.abs().max().item())
+
+
+@pytest.mark.parametrize("make", ["int4", "int8", "dense"])
+def test_every_row_is_computed_as_if_it_were_alone(make):
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((OUT * 3, IN)).astype(np.float32)
+    layer = (DenseLinear(torch.from_numpy(weight)) if make == "dense"
+             else linear_for(quantize_dense(weight, 4 if make == "int4" else 8)))
+    x = torch.randn(256, IN)
+    full = layer(x)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 100):
+        start = int(rng.integers(0, 256 - rows))
+        assert torch.equal(layer(x[start:start + rows]), full[start:start + rows]), rows
+
+
+def lean(seed: int, bits: int, layers: int = 2):
+    return from_transformers(tiny_model(seed, layers=layers, max_positions=1024), bits)
+
+
+def test_the_lean_forward_is_transformers_forward_when_nothing_is_quantized():
+    model = tiny_model(5, layers=3)
+    forward = from_transformers(model, bits=0)
+    tokens = [random.Random(1).randrange(64) for _ in range(40)]
+    want = model(input_ids=torch.tensor([tokens])).logits[0]
+    cache = forward.new_cache()
+    got = torch.cat([forward(tokens[:25], cache), forward(tokens[25:26], cache), forward(tokens[26:], cache)])
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_lean_forward_is_batch_invariant_bit_for_bit(bits):
+    """Logits and caches do not depend on how the tokens were split into passes."""
+    forward = lean(6, bits, layers=3)
+    rng = random.Random(bits)
+    tokens = [rng.randrange(64) for _ in range(120)]
+    one_pass = forward.new_cache()
+    whole = forward(tokens, one_pass)
+    for trial in range(6):
+        cache, rows, done = forward.new_cache(), [], 0
+        while done < len(tokens):
+            n = rng.choice([1, 1, 2, 3, 5, 9, 17, 40]) if trial else 1
+            rows.append(forward(tokens[done:done + n], cache))
+            done += n
+        assert torch.equal(torch.cat(rows)[:len(tokens)], whole), trial
+        assert torch.equal(cache.keys[:, :, :len(tokens)], one_pass.keys[:, :, :len(tokens)])
+
+
+def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
+    forward = lean(8, 4)
+    cache = forward.new_cache()
+    assert isinstance(cache, KVCache) and cache.capacity == KVCache.SPARE
+    tokens = [random.Random(2).randrange(64) for _ in range(KVCache.SPARE + 10)]
+    logits = forward(tokens, cache)
+    assert cache.get_seq_length() == len(tokens) and cache.capacity >= len(tokens)
+    cache.crop(-10)  # the transformers convention
+    assert cache.get_seq_length() == KVCache.SPARE
+    again = forward(tokens[-10:], cache)
+    assert torch.equal(again, logits[-10:])
+    cache.crop(5)
+    assert cache.get_seq_length() == 5 and cache.nbytes() == cache.keys.nbytes * 2
+
+
+def lean_loaded(forward, eos: int | None = None) -> LoadedModel:
+    return LoadedModel(model=None, tokenizer=TinyTokenizer(), device=torch.device("cpu"), dtype=torch.float32,
+                       source="tiny", forward=forward, config=tiny_config(eos_token_id=eos), quantization="int4")
+
+
+def plain_greedy_pass(forward, prompt: list[int], max_new: int) -> list[int]:
+    """The quantized model's own plain decoding: the prompt in one pass, then one token a pass."""
+    cache = forward.new_cache()
+    logits = forward(prompt, cache)[-1]
+    out = []
+    for _ in range(max_new):
+        out.append(int(logits.argmax()))
+        logits = forward(out[-1:], cache)[-1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def quantized_pairs():
+    targets = [tiny_model(seed, layers=2, logit_scale=scale) for seed, scale in
+               [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]]
+    near = [from_transformers(perturbed_copy(t, i, 0.3), 4) for i, t in enumerate(targets)]
+    return [from_transformers(t, 4) for t in targets], near
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
+def test_speculative_greedy_equals_the_quantized_models_plain_greedy_on_200_cases(quantized_pairs,
+                                                                                   drafter_name):
+    targets, near = quantized_pairs
+    proposed = accepted = 0
+    for i in range(200):
+        rng, prompt, variant = make_case(i)
+        target = targets[i % len(targets)]
+        reference = plain_greedy_pass(target, prompt, MAX_NEW)
+        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
+        engine = SpeculativeEngine(lean_loaded(target, eos))
+        drafter = make_drafter(drafter_name, draft_model=lean_loaded(near[i % len(near)]), cost=engine.cost,
+                               max_draft=rng.choice([2, 4, 8]))
+        result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
+        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
+        assert result.text == want_text
+        for stats in result.stats.drafters.values():
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
+
