@@ -56,7 +56,7 @@ import transformers
 
 from decoding import GenerationConfig, GenerationResult, LoadedModel, SpeculativeEngine, load_model
 from decoding.drafters import Drafter, make_drafter
-from decoding.models import check_draft_compatible
+from decoding.models import QUANTIZATIONS, check_draft_compatible
 
 log = logging.getLogger("benchmarks.decode_bench")
 
@@ -572,6 +572,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rounds of every method per prompt, keeping each one's fastest (a shared "
                              "machine's load spikes hit single runs)")
     parser.add_argument("--model", default="default", help="target model (load_model spec)")
+    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                        help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
+                             "none: dequantized fp32, the only format transformers' peers can run)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-level", default="INFO")
@@ -593,13 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
 
     started = time.perf_counter()
-    target = load_model(args.model, dtype="float32")
+    target = load_model(args.model, dtype="float32", quantization=args.quantization)
+    in_transformers = target.model is not None  # the peers and the bf16 draft copy need it
     draft = None
-    if not args.no_draft_model:
-        draft = load_model(args.model, dtype="bfloat16")
+    if not args.no_draft_model and in_transformers:
+        draft = load_model(args.model, dtype="bfloat16", quantization="none")
         check_draft_compatible(target, draft)
-    log.info("models loaded in %.1f s", time.perf_counter() - started)
-    bench = Bench(target, draft, max_new_tokens=args.max_new_tokens, peers=not args.no_peers)
+    log.info("models loaded in %.1f s (%s weights)", time.perf_counter() - started, target.quantization)
+    bench = Bench(target, draft, max_new_tokens=args.max_new_tokens,
+                  peers=not args.no_peers and in_transformers)
     log.info("methods: %s", ", ".join(bench.methods))
     files = stdlib_files()
 
@@ -654,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
             "n": args.n, "slices": args.slices, "max_new_tokens": args.max_new_tokens,
             "prompt_tokens": args.prompt_tokens, "seed": args.seed, "min_new_tokens": args.min_new_tokens,
             "repeats": args.repeats,
-            "model": args.model, "draft_model": None if draft is None else f"{args.model} (bfloat16 copy)",
+            "model": args.model, "quantization": target.quantization,
+            "draft_model": None if draft is None else f"{args.model} (bfloat16 copy)",
             "methods": bench.methods, "stop_at_newline": True, "greedy": True,
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "min_rest_tokens": MIN_REST_TOKENS,
             "repeat_lines_after": REPEAT_LINES_AFTER,

@@ -52,7 +52,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "baseline": {"drafter": "none", "kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     # A peer decoding path: transformers' generate(prompt_lookup_num_tokens=10) on the full prompt.
     "hf_prompt_lookup": {"decoder": "transformers", "drafter": "ngram", "kvCacheMb": 0, "typeAhead": False,
-                         "prefetch": False},
+                         "prefetch": False, "quantization": "none"},
     # Ablations, to see where the gain comes from.
     "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     "reuse_only": {"drafter": "none"},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from decoding.drafters import DRAFTER_NAMES, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.models import ModelLoadError, check_draft_compatible, load_model
+from decoding.models import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
 
 log = logging.getLogger("decoding")
 
@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                        help="auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize; "
+                             "int4/int8: also quantize a safetensors Llama at load")
     parser.add_argument("--trust-remote-code", action="store_true")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt-file", type=Path, help="the prompt, verbatim")
@@ -67,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         prompts = read_prompts(args)
-        target = load_model(args.model, device=args.device, dtype=args.dtype,
+        target = load_model(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
                             trust_remote_code=args.trust_remote_code)
         draft = None
         if args.draft_model:
             draft = load_model(args.draft_model, device=args.device, dtype=args.dtype,
-                               trust_remote_code=args.trust_remote_code)
+                               quantization=args.quantization, trust_remote_code=args.trust_remote_code)
             check_draft_compatible(target, draft)
         engine = SpeculativeEngine(target)
         drafter = make_drafter(args.drafter, draft_model=draft, cost=engine.cost)

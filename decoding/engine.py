@@ -132,27 +132,75 @@ def _covered(text: str, prefix: str) -> int:
     return min(len(prefix), len(text))  # still inside it (or a tokenizer that normalizes text)
 
 
-def _constrain(logits: torch.Tensor, heal: PrefixConstraint | None,
-               masks: dict[bytes, torch.Tensor]) -> torch.Tensor:
-    """While healing, row 0 (the only row: no drafts then) keeps only tokens consistent with the
-    required text and the others become -inf. Nothing allowed: the constraint is marked failed.
-    ``masks`` caches the index tensors (the token after a healed space allows most of the
-    vocabulary)."""
-    if heal is None or not heal.active:
-        return logits
-    index = masks.get(heal.key)
-    if index is None or index.device != logits.device:
-        allowed = heal.allowed()
-        if not allowed:
-            heal.failed = True
+class Healing:
+    """Token healing as a constraint the loop consults: while the required text is owed, only
+    tokens that continue it may be chosen (and nothing is drafted).
+
+    ``deviated`` is the last generated index where the constraint overrode the target's unmasked
+    greedy choice: tokens up to there are not the target's own chain and must never be served as
+    one. The index tensors of allowed tokens are cached per remaining text (the token after a
+    healed space allows most of the vocabulary).
+    """
+
+    def __init__(self, constraint: PrefixConstraint, masks: dict[bytes, torch.Tensor]) -> None:
+        self.constraint = constraint
+        self.deviated = -1
+        self._masks = masks
+
+    @property
+    def active(self) -> bool:
+        return self.constraint.active
+
+    @property
+    def failed(self) -> bool:
+        return self.constraint.failed
+
+    def constrain(self, logits: torch.Tensor) -> torch.Tensor:
+        """Row 0 (the only row while active) keeps only allowed tokens; the rest become -inf.
+        Nothing allowed: the constraint is marked failed."""
+        if not self.constraint.active:
             return logits
-        index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
-        if len(masks) > 64:
-            masks.clear()
-        masks[heal.key] = index
-    masked = torch.full_like(logits[:1], float("-inf"))
-    masked[0, index] = logits[0, index]
-    return torch.cat([masked, logits[1:]]) if logits.shape[0] > 1 else masked
+        index = self._masks.get(self.constraint.key)
+        if index is None or index.device != logits.device:
+            allowed = self.constraint.allowed()
+            if not allowed:
+                self.constraint.failed = True
+                return logits
+            index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+            if len(self._masks) > 64:
+                self._masks.clear()
+            self._masks[self.constraint.key] = index
+        masked = torch.full_like(logits[:1], float("-inf"))
+        masked[0, index] = logits[0, index]
+        return torch.cat([masked, logits[1:]]) if logits.shape[0] > 1 else masked
+
+    def chose(self, position: int, token: int, unmasked: int | None) -> None:
+        """``token`` was generated at ``position`` where the unmasked greedy choice was ``unmasked``."""
+        if unmasked is not None and token != unmasked:
+            self.deviated = position
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.constraint.advance(token)
+
+
+@dataclass
+class Run:
+    """One generation's state, read and updated by the loop's steps."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    drafter: Drafter | None
+    cancel: CancelCheck
+    stats: GenerationStats
+    generator: torch.Generator | None  # sampling only
+    healing: Healing | None
+    generated: list[int] = field(default_factory=list)
+    cache: Any = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.config.sampling
 
 
 def is_cancelled(cancel: CancelCheck) -> bool:
@@ -313,138 +361,156 @@ class SpeculativeEngine:
                  drafter: Drafter | None = None, cancel: CancelCheck = None,
                  cache_key: str | None = None) -> GenerationResult:
         """Decode after ``prompt_ids``; ``cache_key`` names whose KV cache to reuse and keep."""
-        config = config or GenerationConfig()
-        stats = GenerationStats()
-        prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
-        stats.prompt_tokens = len(prompt)
-        sampling = config.sampling
-        generator = None
-        if not sampling.greedy:
-            generator = torch.Generator(device="cpu")
-            generator.manual_seed(config.seed if config.seed is not None else torch.seed())
-        eos, stops = self.target.eos_token_ids, config.stops
-        heal = None
-        if config.required_prefix:
-            heal = PrefixConstraint(self.healing_index, config.required_prefix)
-        masks = self._healing_masks
-        deviated = -1  # the last generated index where healing overrode the unmasked argmax
-
-        def cut(generated: list[int]) -> tuple[list[int], str, str | None, int]:
-            kept, text, reason, consumed = self.cut_at_stop(
-                generated, stops, eos, config.max_new_tokens, config.required_prefix, config.stop_when)
-            if heal is not None and heal.failed:  # no token can continue the required text
-                return [], "", "stop", len(generated)
-            return kept, text, reason, consumed
-
-        def choose(logits: torch.Tensor) -> int:
-            if sampling.greedy:
-                return int(logits.argmax())
-            return sample(sampling_probs(logits, sampling).cpu(), generator)
-
-        def propose(tokens: list[int], remaining: int) -> Draft:
-            assert drafter is not None
-            draft_started = time.perf_counter()
-            draft = drafter.propose(tokens, min(remaining - 1, config.max_draft_tokens))
-            stats.draft_ms += (time.perf_counter() - draft_started) * 1000
-            return draft
-
-        def accept(draft: Draft, logits: torch.Tensor) -> Acceptance:
-            if sampling.greedy:
-                verdict = greedy_accept(draft.tokens, logits)
-            else:
-                target_probs = sampling_probs(logits, sampling).cpu()
-                draft_probs = draft.probs.cpu() if draft.probs is not None else None
-                verdict = speculative_accept(draft.tokens, draft_probs, target_probs, generator)
-            if draft.tokens:
-                assert drafter is not None
-                per = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
-                per.drafts += 1
-                per.proposed += len(draft)
-                per.accepted += verdict.accepted
-                drafter.observe(draft, verdict.accepted)
-            return verdict
-
-        if config.max_new_tokens <= 0 or is_cancelled(cancel):
-            reason = "max_tokens" if config.max_new_tokens <= 0 else "cancelled"
-            return GenerationResult("", [], reason, stats)
-
-        started = time.perf_counter()
-        continuation = self._known_fits(cache_key, prompt, config.required_prefix)
-        if drafter is not None:
-            drafter.begin(prompt, sampling, generator, session=cache_key)
-        # The prefill carries a draft unless healing owes text first (its mask is for one row).
-        draft_for = None
-        if drafter is not None and heal is None and config.max_new_tokens > 1:
-            draft_for = functools.partial(propose, prompt, config.max_new_tokens)
-        borrowed, logits, draft = self._prefill(prompt, cache_key, config, cancel, stats, continuation,
-                                                draft_for)
-        cache = borrowed.cache
-        stats.prefill_ms = (time.perf_counter() - started) * 1000
-        if borrowed.known:  # the target's own greedy continuation of this very prompt
-            generated = borrowed.known
-            if heal is not None:
-                for token in generated:
-                    heal.advance(token)
-        elif logits is None:
-            return GenerationResult("", [], "cancelled", stats)
-        elif draft.tokens:
-            verdict = accept(draft, logits)
-            if verdict.accepted < len(draft):
-                cache.crop(verdict.accepted - len(draft))
-            generated = list(verdict.tokens)
-            stats.target_passes = 1
-        else:
-            masked = _constrain(logits[-1:], heal, masks)[0]
-            generated = [choose(masked)]
-            if heal is not None:
-                if sampling.greedy and generated[0] != int(logits[-1].argmax()):
-                    deviated = 0
-                heal.advance(generated[0])
-            stats.target_passes = 1
-        known = len(borrowed.known or ())
-
+        run = self._start(prompt_ids, config or GenerationConfig(), drafter, cancel)
+        if run.config.max_new_tokens <= 0 or is_cancelled(cancel):
+            reason = "max_tokens" if run.config.max_new_tokens <= 0 else "cancelled"
+            return GenerationResult("", [], reason, run.stats)
+        borrowed = self._first_tokens(run, cache_key)
+        if borrowed is None:
+            return GenerationResult("", [], "cancelled", run.stats)
         decode_started = time.perf_counter()
-        kept, text, reason, consumed = cut(generated)
+        kept, text, reason, consumed = self._cut(run)
         while reason is None:
             if is_cancelled(cancel):
                 reason = "cancelled"
                 break
-            remaining = config.max_new_tokens - len(generated)
-            draft = Draft()
-            healing = heal is not None and heal.active  # no drafts while the required text is owed
-            if drafter is not None and remaining > 1 and not healing:
-                draft = propose(prompt + generated, remaining)
-            pass_started = time.perf_counter()
-            logits = self._forward([generated[-1]] + draft.tokens, cache)
-            unmasked_choice = int(logits[0].argmax()) if healing and sampling.greedy else None
-            verdict = accept(draft, _constrain(logits, heal, masks))
-            pass_ms = (time.perf_counter() - pass_started) * 1000
-            self.cost.record(len(draft) + 1, pass_ms)
-            stats.verify_ms += pass_ms
-            stats.target_passes += 1
-            rejected = len(draft) - verdict.accepted
-            if rejected:
-                cache.crop(-rejected)
-            if unmasked_choice is not None and verdict.tokens[0] != unmasked_choice:
-                deviated = len(generated)
-            generated.extend(verdict.tokens)
-            if heal is not None:
-                for token in verdict.tokens:
-                    heal.advance(token)
-            kept, text, reason, consumed = cut(generated)
-        stats.decode_ms = (time.perf_counter() - decode_started) * 1000
-        if cache_key is not None and self.prefix_cache is not None:
-            # The loop's invariant: the cache holds every token but the newest. Greedy choices
-            # chain on from where the borrowed chain began, or from this prompt's end, and never
-            # include a token that healing chose over the unmasked argmax.
-            chain = borrowed.greedy_from if borrowed.greedy_from is not None else len(prompt)
-            if deviated >= 0:
-                chain = max(chain, len(prompt) + deviated + 1)
-            self.prefix_cache.put(cache_key, prompt + generated, cache, chain if sampling.greedy else None)
-        stats.new_tokens = len(kept)
-        stats.known_tokens = min(consumed, known)
-        stats.produced_tokens = consumed - stats.known_tokens
-        return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=stats)
+            self._speculative_step(run)
+            kept, text, reason, consumed = self._cut(run)
+        run.stats.decode_ms = (time.perf_counter() - decode_started) * 1000
+        self._keep(run, borrowed, cache_key)
+        known = len(borrowed.known or ())
+        run.stats.new_tokens = len(kept)
+        run.stats.known_tokens = min(consumed, known)
+        run.stats.produced_tokens = consumed - run.stats.known_tokens
+        return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=run.stats)
+
+    def _start(self, prompt_ids: Sequence[int], config: GenerationConfig, drafter: Drafter | None,
+               cancel: CancelCheck) -> Run:
+        stats = GenerationStats()
+        prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
+        stats.prompt_tokens = len(prompt)
+        generator = None
+        if not config.sampling.greedy:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+        healing = None
+        if config.required_prefix:
+            constraint = PrefixConstraint(self.healing_index, config.required_prefix)
+            healing = Healing(constraint, self._healing_masks)
+        return Run(prompt, config, drafter, cancel, stats, generator, healing)
+
+    def _first_tokens(self, run: Run, cache_key: str | None) -> Borrowed | None:
+        """The prefill (with reuse, and a draft riding on it) and the tokens it yields; None when
+        cancelled during the prefill."""
+        started = time.perf_counter()
+        config = run.config
+        continuation = self._known_fits(cache_key, run.prompt, config.required_prefix)
+        if run.drafter is not None:
+            run.drafter.begin(run.prompt, run.sampling, run.generator, session=cache_key)
+        # The prefill carries a draft unless healing owes text first (its mask is for one row).
+        draft_for = None
+        if run.drafter is not None and run.healing is None and config.max_new_tokens > 1:
+            draft_for = functools.partial(self._propose, run, run.prompt, config.max_new_tokens)
+        borrowed, logits, draft = self._prefill(run.prompt, cache_key, config, run.cancel, run.stats,
+                                                continuation, draft_for)
+        run.cache = borrowed.cache
+        run.stats.prefill_ms = (time.perf_counter() - started) * 1000
+        if borrowed.known:  # the target's own greedy continuation of this very prompt
+            run.generated = list(borrowed.known)
+            if run.healing is not None:
+                run.healing.advance(run.generated)
+            return borrowed
+        if logits is None:
+            return None
+        run.stats.target_passes = 1
+        if draft.tokens:
+            verdict = self._accept(run, draft, logits)
+            if verdict.accepted < len(draft):
+                run.cache.crop(verdict.accepted - len(draft))
+            run.generated = list(verdict.tokens)
+            return borrowed
+        row = logits[-1:]
+        token = self._choose(run, (row if run.healing is None else run.healing.constrain(row))[0])
+        run.generated = [token]
+        if run.healing is not None:
+            run.healing.chose(0, token, int(row[0].argmax()) if run.sampling.greedy else None)
+            run.healing.advance([token])
+        return borrowed
+
+    def _speculative_step(self, run: Run) -> None:
+        """Draft -> one target pass over the newest token and the draft -> accept -> crop."""
+        remaining = run.config.max_new_tokens - len(run.generated)
+        healing = run.healing is not None and run.healing.active  # no drafts while text is owed
+        draft = Draft()
+        if run.drafter is not None and remaining > 1 and not healing:
+            draft = self._propose(run, run.prompt + run.generated, remaining)
+        pass_started = time.perf_counter()
+        logits = self._forward([run.generated[-1]] + draft.tokens, run.cache)
+        unmasked = int(logits[0].argmax()) if healing and run.sampling.greedy else None
+        verdict = self._accept(run, draft, run.healing.constrain(logits) if healing else logits)
+        pass_ms = (time.perf_counter() - pass_started) * 1000
+        self.cost.record(len(draft) + 1, pass_ms)
+        run.stats.verify_ms += pass_ms
+        run.stats.target_passes += 1
+        rejected = len(draft) - verdict.accepted
+        if rejected:
+            run.cache.crop(-rejected)
+        if run.healing is not None:
+            run.healing.chose(len(run.generated), verdict.tokens[0], unmasked)
+            run.healing.advance(verdict.tokens)
+        run.generated.extend(verdict.tokens)
+
+    def _propose(self, run: Run, tokens: list[int], remaining: int) -> Draft:
+        assert run.drafter is not None
+        started = time.perf_counter()
+        draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
+        run.stats.draft_ms += (time.perf_counter() - started) * 1000
+        return draft
+
+    def _choose(self, run: Run, logits: torch.Tensor) -> int:
+        if run.sampling.greedy:
+            return int(logits.argmax())
+        return sample(sampling_probs(logits, run.sampling).cpu(), run.generator)
+
+    def _accept(self, run: Run, draft: Draft, logits: torch.Tensor) -> Acceptance:
+        """Greedy or speculative-sampling acceptance of ``draft``; feeds the drafter back."""
+        if run.sampling.greedy:
+            verdict = greedy_accept(draft.tokens, logits)
+        else:
+            target_probs = sampling_probs(logits, run.sampling).cpu()
+            draft_probs = draft.probs.cpu() if draft.probs is not None else None
+            verdict = speculative_accept(draft.tokens, draft_probs, target_probs, run.generator)
+        if draft.tokens:
+            assert run.drafter is not None
+            per = run.stats.drafters.setdefault(draft.source or "draft", DrafterStats())
+            per.drafts += 1
+            per.proposed += len(draft)
+            per.accepted += verdict.accepted
+            run.drafter.observe(draft, verdict.accepted)
+        return verdict
+
+    def _cut(self, run: Run) -> tuple[list[int], str, str | None, int]:
+        """``cut_at_stop`` for this run; a healing that found no way on ends it empty."""
+        config = run.config
+        kept, text, reason, consumed = self.cut_at_stop(
+            run.generated, config.stops, self.target.eos_token_ids, config.max_new_tokens,
+            config.required_prefix, config.stop_when)
+        if run.healing is not None and run.healing.failed:
+            return [], "", "stop", len(run.generated)
+        return kept, text, reason, consumed
+
+    def _keep(self, run: Run, borrowed: Borrowed, cache_key: str | None) -> None:
+        """Give the cache back to the prefix store with the greedy chain it now holds."""
+        if cache_key is None or self.prefix_cache is None:
+            return
+        # The loop's invariant: the cache holds every token but the newest. Greedy choices chain
+        # on from where the borrowed chain began, or from this prompt's end, and never include a
+        # token that healing chose over the unmasked argmax.
+        chain = borrowed.greedy_from if borrowed.greedy_from is not None else len(run.prompt)
+        if run.healing is not None and run.healing.deviated >= 0:
+            chain = max(chain, len(run.prompt) + run.healing.deviated + 1)
+        self.prefix_cache.put(cache_key, run.prompt + run.generated, run.cache,
+                              chain if run.sampling.greedy else None)
 
     def generate_text(self, prompt: str, config: GenerationConfig | None = None,
                       drafter: Drafter | None = None, cancel: CancelCheck = None,

@@ -52,6 +52,9 @@ class TransformersDecoder:
     """``model.generate()`` greedy, with prompt lookup (``ngram``/``auto``) or an assistant (``model``)."""
 
     def __init__(self, engine: SpeculativeEngine, draft: LoadedModel | None = None) -> None:
+        if engine.target.model is None or (draft is not None and draft.model is None):
+            raise ValueError("the transformers decoder needs models loaded into transformers "
+                             "(set quantization to none)")
         self.engine, self.draft = engine, draft
         self._passes = 0
         engine.target.model.register_forward_hook(self._count_pass)

@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto, cpu, cuda, cuda:N, mps (default: auto)")
     parser.add_argument("--dtype", type=setting("dtype"),
                         help="auto, float32, float16, bfloat16 (default: auto)")
+    parser.add_argument("--quantization", type=setting("quantization"),
+                        help="auto (a GGUF keeps its quantized weights on the CPU), none, int8, int4")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--log-file", help="append logs to this file instead of stderr")
     parser.add_argument("--version", action="version", version=f"lsp_server {__version__}")
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     """Serve until the connection ends, then end the process; returns only on a command-line error."""
     args = parse_args(argv)
     cli = from_cli(model=args.model, draft_model=args.draft_model, drafter=args.drafter, device=args.device,
-                   dtype=args.dtype)
+                   dtype=args.dtype, quantization=args.quantization)
     if cli.problems:  # parse_args checked every value already; this is a safety net
         print(f"lsp_server: error: {'; '.join(cli.problems)}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
 MULTILINE_MODES = ("auto", "never", "always")  # == lsp_server.ending.MULTILINE_MODES
 FIM_STYLES = ("auto", "none", "starcoder", "qwen", "deepseek", "codellama")  # == lsp_server.fim.SETTING_NAMES
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -35,6 +36,7 @@ class Settings:
     drafter: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    quantization: str = "auto"  # auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize
     max_new_tokens: int = 64
     context_tokens: int = 512  # CPU prefill: ~1 s for 512 tokens, ~2 s for 1024 (the whole default budget)
     debounce_ms: int = 50
@@ -52,7 +54,7 @@ class Settings:
 
     def model_key(self) -> tuple:
         """What identifies the loaded weights: a change here means a reload."""
-        return (self.model, self.draft_model, self.device, self.dtype)
+        return (self.model, self.draft_model, self.device, self.dtype, self.quantization)
 
     def to_lsp(self) -> dict[str, Any]:
         return {_CAMEL[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -127,6 +129,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "drafter": _choice(DRAFTER_NAMES),
     "device": _device,
     "dtype": _choice(DTYPE_NAMES),
+    "quantization": _choice(QUANTIZATIONS),
     "max_new_tokens": _int_range(1, 4096),
     "context_tokens": _int_range(16, 131072),
     "debounce_ms": _int_range(0, 10000),
@@ -199,9 +202,10 @@ def layer(current: Settings, lower: Settings, payload: Any) -> Layered:
 
 
 def from_cli(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
-             device: str | None = None, dtype: str | None = None) -> Layered:
+             device: str | None = None, dtype: str | None = None, quantization: str | None = None) -> Layered:
     """Defaults overlaid with the command line's flags (None: not given)."""
-    given = {"model": model, "draftModel": draft_model, "drafter": drafter, "device": device, "dtype": dtype}
+    given = {"model": model, "draftModel": draft_model, "drafter": drafter, "device": device, "dtype": dtype,
+             "quantization": quantization}
     defaults = Settings()
     return layer(defaults, defaults, {k: v for k, v in given.items() if v is not None})
 

@@ -88,13 +88,14 @@ class ModelState:
     source: str | None = None
     device: str | None = None
     dtype: str | None = None
+    quantization: str | None = None  # "none", or the weights' formats (a GGUF's block types, int4, int8)
     error: str | None = None
     load_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "loaded": self.status == "ready", "spec": self.spec,
                 "source": self.source or self.spec, "device": self.device, "dtype": self.dtype,
-                "error": self.error, "load_ms": self.load_ms}
+                "quantization": self.quantization, "error": self.error, "load_ms": self.load_ms}
 
 
 _IMPORT_LOCK = threading.Lock()
@@ -120,10 +121,12 @@ def load_runtime(settings: Settings) -> Runtime:
     from decoding.models import check_draft_compatible
 
     hf_logging.disable_progress_bar()  # its bars would only add noise to the server's stderr
-    target = load_model(settings.model, device=settings.device, dtype=settings.dtype)
+    target = load_model(settings.model, device=settings.device, dtype=settings.dtype,
+                        quantization=settings.quantization)
     draft = None
     if settings.draft_model:
-        draft = load_model(settings.draft_model, device=settings.device, dtype=settings.dtype)
+        draft = load_model(settings.draft_model, device=settings.device, dtype=settings.dtype,
+                           quantization=settings.quantization)
         check_draft_compatible(target, draft)
     from decoding.kv_cache import PrefixCache
 
@@ -212,6 +215,7 @@ class ModelHost:
         self._runtime = runtime
         self.state = ModelState(status="ready", spec=settings.model, source=target.source,
                                 device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+                                quantization=target.quantization,
                                 load_ms=load_ms)
         return self.state
 

@@ -138,8 +138,9 @@ def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
 
 
 def lean_loaded(forward, eos: int | None = None) -> LoadedModel:
-    return LoadedModel(model=None, tokenizer=TinyTokenizer(), device=torch.device("cpu"), dtype=torch.float32,
-                       source="tiny", forward=forward, config=tiny_config(eos_token_id=eos), quantization="int4")
+    return LoadedModel(model=None, tokenizer=TinyTokenizer(), device=torch.device("cpu"),
+                       dtype=torch.float32, source="tiny", forward=forward,
+                       config=tiny_config(eos_token_id=eos), quantization="int4")
 
 
 def plain_greedy_pass(forward, prompt: list[int], max_new: int) -> list[int]:
@@ -162,8 +163,8 @@ def quantized_pairs():
 
 
 @pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
-def test_speculative_greedy_equals_the_quantized_models_plain_greedy_on_200_cases(quantized_pairs,
-                                                                                   drafter_name):
+def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_pairs, drafter_name):
+    """200 prompt/stop cases per drafter, as for the fp32 models in test_engine_greedy."""
     targets, near = quantized_pairs
     proposed = accepted = 0
     for i in range(200):

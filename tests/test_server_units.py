@@ -22,6 +22,14 @@ def test_the_drafter_names_match_the_engine():
     assert config.DRAFTER_NAMES == DRAFTER_NAMES
 
 
+def test_the_quantization_names_match_the_loader():
+    from decoding.models import QUANTIZATIONS
+
+    assert config.QUANTIZATIONS == QUANTIZATIONS
+    assert config.from_cli(quantization="int4").settings.quantization == "int4"
+    assert config.from_cli(quantization="int3").problems
+
+
 def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
     cli = config.from_cli(model="/models/a", device="cpu")
     assert not cli.problems and cli.settings.model == "/models/a" and cli.settings.device == "cpu"

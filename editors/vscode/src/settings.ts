@@ -13,6 +13,7 @@ export const SERVER_KEYS = [
   'drafter',
   'device',
   'dtype',
+  'quantization',
   'maxNewTokens',
   'contextTokens',
   'debounceMs',
