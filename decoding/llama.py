@@ -20,7 +20,7 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
-from decoding.quant.layers import DenseLinear, concat_rows, linear_for
+from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
 
 MIN_ATTENTION_ROWS = 3
 LLAMA_ARCHITECTURES = ("llama",)
@@ -67,6 +67,19 @@ class LlamaLayer:
     ffn_norm: torch.Tensor
     gate_up: torch.nn.Module
     down: torch.nn.Module
+
+
+Embedding = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
+
+
+class DenseEmbedding:
+    """An fp32 embedding table (also the tied dense output layer's weights)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
 
 
 class KVCache:
@@ -118,7 +131,7 @@ class KVCache:
 class LlamaForward:
     """Logits for tokens fed after a ``KVCache``; the model's weights and rotary table."""
 
-    def __init__(self, shape: LlamaShape, embed: torch.Tensor, layers: list[LlamaLayer],
+    def __init__(self, shape: LlamaShape, embed: Embedding, layers: list[LlamaLayer],
                  norm: torch.Tensor, head: torch.nn.Module) -> None:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
         self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
@@ -145,8 +158,9 @@ class LlamaForward:
     def nbytes(self) -> int:
         """Bytes of weights (the tied embedding counted once)."""
         total = self.norm.nbytes + self.head.nbytes()
-        if self.embed.data_ptr() != getattr(self.head, "weight", self.norm).data_ptr():
-            total += self.embed.nbytes
+        table = getattr(self.embed, "table", None)
+        if table is not None and table is not getattr(self.head, "weight", None):
+            total += table.nbytes
         for layer in self.layers:
             total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes
             total += sum(m.nbytes() for m in (layer.qkv, layer.out, layer.gate_up, layer.down))
@@ -160,7 +174,7 @@ class LlamaForward:
         if end > self.shape.max_context:
             raise ValueError(f"{end} positions exceed the model's context of {self.shape.max_context}")
         cache.reserve(rows)
-        h = self.embed[torch.tensor(list(tokens), dtype=torch.long)]
+        h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self.rotary[start:end]
         mask = None
         if rows > 1:  # row i may see keys up to start + i
@@ -209,7 +223,7 @@ def _rope_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
-def _assemble(shape: LlamaShape, weight, vector, embed: torch.Tensor, head: torch.nn.Module) -> LlamaForward:
+def _assemble(shape: LlamaShape, weight, vector, embed: Embedding, head: torch.nn.Module) -> LlamaForward:
     """``weight(name, i)`` gives a layer's QuantTensor, ``vector(name, i)`` a norm's fp32 weights."""
     layers = []
     for i in range(shape.layers):
@@ -271,11 +285,19 @@ def from_gguf(path: str) -> LlamaForward:
         name = "output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight"
         return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
 
-    # The output layer stays dense fp32 (exact for every type; see quant/layers.py); tied
-    # embeddings are looked up in the same matrix.
+    # The output layer: on the 4-bit kernel with exact fp32 logits for the likely tokens where
+    # its type allows (``QuantizedHead``), else dense fp32 (exact for every type). Tied
+    # embeddings are looked up in the same table.
     tied = "output.weight" not in tensors
-    head = DenseLinear(torch.from_numpy(tensor("token_embd.weight" if tied else "output.weight").dense()))
-    embed = head.weight if tied else torch.from_numpy(tensor("token_embd.weight").dense())
+    output = tensor("token_embd.weight" if tied else "output.weight")
+    if output.terms is not None and output.shape[0] % INT4_N_MULTIPLE == 0:
+        head: torch.nn.Module = QuantizedHead(output)
+    else:
+        head = DenseLinear(torch.from_numpy(output.dense()))
+    if not tied:
+        embed: Embedding = DenseEmbedding(torch.from_numpy(tensor("token_embd.weight").dense()))
+    else:
+        embed = head.rows if isinstance(head, QuantizedHead) else DenseEmbedding(head.weight)
     forward = _assemble(shape, weight, vector, embed, head)
     forward.formats = "+".join(sorted({t.tensor_type.name for t in reader.tensors}))
     return forward
@@ -316,7 +338,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
 
     head = DenseLinear(model.lm_head.weight.detach())
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    embed = head.weight if tied else model.model.embed_tokens.weight.detach().float().clone()
+    embed = DenseEmbedding(head.weight if tied else model.model.embed_tokens.weight.detach().float().clone())
     forward = _assemble(shape, weight, vector, embed, head)
     forward.formats = f"int{bits}"
     return forward

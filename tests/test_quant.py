@@ -17,7 +17,7 @@ from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.llama import KVCache, from_transformers
 from decoding.models import LoadedModel
 from decoding.quant.gguf_blocks import decode_tensor, quantize_dense, supports_int4
-from decoding.quant.layers import DenseLinear, Int4Linear, linear_for
+from decoding.quant.layers import DenseLinear, Int4Linear, QuantizedHead, linear_for
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
@@ -88,6 +88,27 @@ def test_every_row_is_computed_as_if_it_were_alone(make):
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 100):
         start = int(rng.integers(0, 256 - rows))
         assert torch.equal(layer(x[start:start + rows]), full[start:start + rows]), rows
+
+
+@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
+def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
+    rng = np.random.default_rng(11)
+    tensor = decode_tensor(random_blocks(kind, rng), kind, (OUT, IN))
+    head = QuantizedHead(tensor)
+    exact_rows = head.rows(torch.arange(OUT))
+    assert torch.allclose(exact_rows, torch.from_numpy(tensor.dense()), rtol=0, atol=1e-6)
+    if kind == QType.Q8_0:  # the int8 values and their scales again: exact
+        raw = random_blocks(kind, np.random.default_rng(11))
+        assert torch.equal(exact_rows, torch.from_numpy(quants.dequantize(raw, kind).reshape(OUT, IN)))
+    x = torch.randn(40, IN)
+    logits = head(x)
+    fp32 = x @ exact_rows.t()
+    top = logits.topk(QuantizedHead.CANDIDATES, dim=-1).indices
+    scale = fp32.abs().max().item()
+    assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
+    assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
+    for rows in (1, 2, 3, 7, 17):
+        assert torch.equal(head(x[:rows]), logits[:rows])
 
 
 def lean(seed: int, bits: int, layers: int = 2):
