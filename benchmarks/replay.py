@@ -17,6 +17,12 @@ For each request it records the time to the answer, whether a newer keystroke ha
 stale, and whether the suggestion matched the rest of the line the user went on to type (exactly,
 and as characters saved: the common prefix). The headline numbers are over requests at typing
 pauses (the next keystroke at least ``--pause-ms`` later), which are the ones a user waits on.
+
+The configuration ``llama_server`` is not our server: it replays the same keystrokes against
+llama.cpp's ``llama-server`` on the same GGUF (``benchmarks/llama_server.py`` builds it once), as a
+good editor plugin drives it: each keystroke aborts the request in flight and sends a new
+``/completion`` (greedy, prompt cache on, stop at the newline) with the text before the cursor,
+windowed to the same token budget from a start chosen once per file.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import math
 import os
 import platform
 import random
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +46,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
+from benchmarks import llama_server
 from benchmarks.decode_bench import stdlib_files, write_json
 
 log = logging.getLogger("benchmarks.replay")
@@ -56,8 +64,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Ablations, to see where the gain comes from.
     "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     "reuse_only": {"drafter": "none"},
+    # The peer server: llama.cpp's llama-server on the same GGUF, driven by LlamaServerClient (these
+    # settings are not sent anywhere; maxNewTokens and contextTokens from --options apply to it).
+    "llama_server": {},
 }
-DEFAULT_CONFIGS = "shipped,baseline,hf_prompt_lookup"
+LLAMA_SERVER = "llama_server"
+DEFAULT_CONFIGS = "shipped,baseline,hf_prompt_lookup,llama_server"
 PUNCTUATION_PAUSE = set("(),:.=[]{}")
 ANSWER_GUARD_S = 120.0  # a hang guard for the run, not a latency expectation
 
@@ -182,7 +194,7 @@ class ReplayClient:
         finally:
             await self.client.stop()
 
-    def open(self, uri: str, text: str) -> None:
+    async def open(self, uri: str, text: str, cursor: tuple[int, int]) -> None:
         self.client.text_document_did_open(types.DidOpenTextDocumentParams(
             text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
 
@@ -215,14 +227,231 @@ def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
-async def replay_segment(client: ReplayClient, segment: Segment, keys: Sequence[Keystroke], number: int,
-                         pause_ms: float) -> list[RequestRecord]:
+# -- the peer: llama.cpp's llama-server, driven like an editor plugin -----------------------------
+LLAMA_CONTEXT_TOKENS = 512  # the prompt's token budget: our server's contextTokens default
+LLAMA_RESERVE_TOKENS = 128  # room left for typing when a window start is chosen
+LLAMA_MAX_NEW_TOKENS = 64  # our server's maxNewTokens default
+CHARS_PER_TOKEN_CAP = 16  # no token spans more characters (bounds the text a window search tokenizes)
+
+TokenCounter = Callable[[str], Awaitable[int]]
+NEWLINE = re.compile("\n")
+
+
+async def choose_window_start(text: str, count: TokenCounter, limit: int) -> int:
+    """The earliest line start from which the rest of ``text`` fits in ``limit`` tokens.
+
+    The cursor's own line start when even that line is longer (the prompt is then over budget)."""
+    floor = max(0, len(text) - limit * CHARS_PER_TOKEN_CAP)
+    starts = [0] if floor == 0 else []
+    starts += [m.end() for m in NEWLINE.finditer(text, floor)]
+    if not starts:
+        return 0
+    lo, hi = 0, len(starts) - 1  # starts[hi] is the answer if nothing earlier fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await count(text[starts[mid]:]) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    return starts[lo]
+
+
+class PromptWindow:
+    """The text before the cursor, from a line start chosen once and kept while the prompt fits.
+
+    The start is chosen so the prompt takes ``budget - reserve`` tokens; typing grows it, and only
+    when it would pass ``budget`` (estimated from the characters typed since) is a new start chosen.
+    A stable start is the best case for llama-server's prompt cache."""
+
+    def __init__(self, count: TokenCounter, budget: int = LLAMA_CONTEXT_TOKENS,
+                 reserve: int = LLAMA_RESERVE_TOKENS) -> None:
+        self.count, self.budget, self.reserve = count, budget, min(reserve, budget // 2)
+        self.start: int | None = None
+        self.choices = 0  # how many times a start was chosen
+        self._tokens = 0  # the window's tokens when its start was chosen
+        self._end = 0  # where the text before the cursor ended then
+
+    def reset(self) -> None:
+        self.start = None
+
+    def estimate(self, before: str) -> float:
+        assert self.start is not None
+        per_token = (self._end - self.start) / self._tokens if self._tokens else 4.0
+        return self._tokens + (len(before) - self._end) / max(per_token, 1.0)
+
+    async def prompt(self, before: str) -> str:
+        if self.start is None or len(before) < self._end or self.estimate(before) > self.budget:
+            self.start = await choose_window_start(before, self.count, self.budget - self.reserve)
+            self._tokens, self._end = await self.count(before[self.start:]), len(before)
+            self.choices += 1
+        return before[self.start:]
+
+
+async def _http(port: int, method: str, path: str, body: dict[str, Any] | None = None,
+                stream: Callable[[bytes], bool] | None = None) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on its own loopback connection, closed when done or cancelled.
+
+    With ``stream``, each piece of the body is handed to it as it arrives until it returns True."""
+    reader, writer = await asyncio.open_connection(llama_server.HOST, port)
+    try:
+        data = json.dumps(body).encode() if body is not None else b""
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: {llama_server.HOST}:{port}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + data)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        received = bytearray()
+        async for piece in _body(reader, headers):
+            received += piece
+            if stream is not None and stream(piece):
+                break
+        return status, bytes(received)
+    finally:
+        writer.close()  # on cancellation too: llama-server stops generating for a closed connection
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]):
+    if "chunked" in headers.get("transfer-encoding", ""):
+        while (size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16)) > 0:
+            yield await reader.readexactly(size)
+            await reader.readline()
+    elif "content-length" in headers:
+        yield await reader.readexactly(int(headers["content-length"]))
+    else:
+        while piece := await reader.read(65536):
+            yield piece
+
+
+class LlamaServerClient:
+    """llama-server on the same GGUF, with the replay's client interface (documents kept here).
+
+    Like llama.vscode at its best: every keystroke aborts the request in flight (its connection is
+    closed, so the server stops generating) and sends a new streamed ``/completion``: greedy, prompt
+    cache on, ``n_predict`` 64, stopping at the newline, on the text before the cursor in a
+    ``PromptWindow``. An aborted request answers nothing (the editor shows nothing), when aborted."""
+
+    def __init__(self, name: str, options: dict[str, Any], model: Path, threads: int = 2) -> None:
+        self.name, self.model = name, model
+        self.max_new_tokens = int(options.get("maxNewTokens", LLAMA_MAX_NEW_TOKENS))
+        self.server = llama_server.LlamaServer(model, threads=threads)
+        self.window = PromptWindow(self.tokens, int(options.get("contextTokens", LLAMA_CONTEXT_TOKENS)))
+        self.documents: dict[str, str] = {}
+        self.in_flight: asyncio.Task | None = None
+        self.counts = {"requests": 0, "answered": 0, "aborted": 0, "failed": 0}
+        self.timings: list[dict[str, Any]] = []
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.server.start)
+
+    async def stop(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.cancel()
+        await asyncio.to_thread(self.server.stop)
+
+    async def tokens(self, text: str) -> int:
+        status, body = await _http(self.server.port, "POST", "/tokenize", {"content": text})
+        if status != 200:
+            raise RuntimeError(f"llama-server /tokenize: HTTP {status}: {body[:300]!r}")
+        return len(json.loads(body)["tokens"])
+
+    async def open(self, uri: str, text: str, cursor: tuple[int, int]) -> None:
+        """A new file: the window's start is chosen now, before the first keystroke."""
+        self.documents[uri] = text
+        self.window.reset()
+        await self.window.prompt(text[:_offset(text, *cursor)])
+
+    def close(self, uri: str) -> None:
+        self.documents.pop(uri, None)
+
+    def insert(self, uri: str, version: int, line: int, character: int, text: str) -> None:
+        document = self.documents[uri]
+        at = _offset(document, line, character)
+        self.documents[uri] = document[:at] + text + document[at:]
+
+    def request(self, uri: str, line: int, character: int) -> asyncio.Future:
+        if self.in_flight is not None and not self.in_flight.done():
+            self.in_flight.cancel()
+            self.counts["aborted"] += 1
+        document = self.documents[uri]
+        before = document[:_offset(document, line, character)]
+        self.counts["requests"] += 1
+        self.in_flight = asyncio.ensure_future(self._complete(before))
+        return self.in_flight
+
+    async def _complete(self, before: str) -> types.InlineCompletionList:
+        prompt = await self.window.prompt(before)
+        content: list[str] = []
+        final: dict[str, Any] = {}
+        pending = bytearray()
+
+        def on_piece(piece: bytes) -> bool:  # server-sent events: "data: {json}" blocks
+            pending.extend(piece)
+            while b"\n\n" in pending:
+                event, _, rest = bytes(pending).partition(b"\n\n")
+                pending[:] = rest
+                for line in event.splitlines():
+                    if line.startswith(b"data: "):
+                        chunk = json.loads(line[6:])
+                        content.append(chunk.get("content", ""))
+                        if chunk.get("stop"):
+                            final.update(chunk)
+                            return True
+            return False
+
+        status, body = await _http(self.server.port, "POST", "/completion", {
+            "prompt": prompt, "n_predict": self.max_new_tokens, "temperature": 0.0, "top_k": 1,
+            "stop": ["\n"], "cache_prompt": True, "stream": True}, stream=on_piece)
+        if status != 200 or not final:
+            self.counts["failed"] += 1
+            raise RuntimeError(f"llama-server /completion: HTTP {status}: {body[:300]!r}")
+        self.counts["answered"] += 1
+        self.timings.append({**final.get("timings", {}), "tokens_cached": final.get("tokens_cached")})
+        text = "".join(content).removesuffix("\n")  # the stop string is not sent; a newline, just in case
+        items = [types.InlineCompletionItem(insert_text=text)] if text else []
+        return types.InlineCompletionList(items=items)
+
+    async def stats(self) -> dict[str, Any]:
+        """The replay's stats shape where it applies: prompt tokens served from llama-server's cache."""
+        cached = sum(t.get("cache_n") or 0 for t in self.timings)
+        evaluated = sum(t.get("prompt_n") or 0 for t in self.timings)
+
+        def mean(key: str) -> float | None:
+            values = [t[key] for t in self.timings if t.get(key) is not None]
+            return round(sum(values) / len(values), 2) if values else None
+
+        reused = round(cached / (cached + evaluated), 4) if cached + evaluated else None
+        return {**self.counts, "binary": str(self.server.binary), "model": {"path": str(self.model)},
+                "window_choices": self.window.choices,
+                "kv_cache": {"reused_share": reused, "reused_tokens": cached, "prefilled_tokens": evaluated},
+                "phases_ms": {"prefill": {"mean": mean("prompt_ms")},
+                              "decode": {"mean": mean("predicted_ms")}},
+                "tokens_predicted_mean": mean("predicted_n")}
+
+
+def _offset(text: str, line: int, character: int) -> int:
+    """The string index of an LSP position (``character`` in UTF-16 code units)."""
+    start = 0
+    for _ in range(line):
+        start = text.index("\n", start) + 1
+    at, units = start, 0
+    while units < character and at < len(text) and text[at] != "\n":
+        units += _utf16_len(text[at])
+        at += 1
+    return at
+
+
+async def replay_segment(client: ReplayClient | LlamaServerClient, segment: Segment,
+                         keys: Sequence[Keystroke], number: int, pause_ms: float) -> list[RequestRecord]:
     """Type ``segment`` into a fresh document on ``client``; one record per request."""
     uri = f"file:///replay/{number}/{Path(segment.file).name}"
-    client.open(uri, segment.head + segment.tail)
     typed = ""
     line = segment.head.count("\n")
     column = _utf16_len(segment.head[segment.head.rfind("\n") + 1:])
+    await client.open(uri, segment.head + segment.tail, (line, column))
     pending: list[tuple[int, float, asyncio.Future, str]] = []
     answered_at: dict[int, float] = {}
     start = time.monotonic()
@@ -271,11 +500,16 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return round(ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)], 1)
 
 
+def mean_chars(records: Sequence[RequestRecord]) -> float | None:
+    return round(sum(len(r.suggestion or "") for r in records) / len(records), 1) if records else None
+
+
 def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]],
               typed_chars: int, baseline: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(r.config for r in records):
         mine = [r for r in records if r.config == name]
+        answered = [r.latency_ms for r in mine if r.latency_ms is not None]
         pauses = [r for r in mine if r.at_pause and r.latency_ms is not None]
         shown = [r for r in pauses if r.suggestion]
         s = stats.get(name, {})
@@ -284,7 +518,14 @@ def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]]
             "at_pauses": len(pauses),
             "p50_ms_at_pauses": pct([r.latency_ms for r in pauses], 50),
             "p95_ms_at_pauses": pct([r.latency_ms for r in pauses], 95),
-            "p50_ms_all": pct([r.latency_ms for r in mine if r.latency_ms is not None], 50),
+            # the same over the pause answers that showed something (an empty answer can be quick)
+            "p50_ms_nonempty_at_pauses": pct([r.latency_ms for r in shown], 50),
+            "p95_ms_nonempty_at_pauses": pct([r.latency_ms for r in shown], 95),
+            "p50_ms_all": pct(answered, 50),
+            "p95_ms_all": pct(answered, 95),
+            # suggestion length at pauses: over all answers (empty ones count 0) and over non-empty ones
+            "chars_per_answer_at_pauses": mean_chars(pauses),
+            "chars_per_nonempty_at_pauses": mean_chars(shown),
             "stale_share": round(sum(r.stale for r in mine) / len(mine), 3) if mine else None,
             "suggestion_share_at_pauses": round(len(shown) / len(pauses), 3) if pauses else None,
             "exact_at_pauses": round(sum(r.exact for r in pauses) / len(pauses), 3) if pauses else None,
@@ -305,13 +546,17 @@ def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]]
 
 
 def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
-    cols = [("config", "{}"), ("p50 pause ms", "{}"), ("p95 pause ms", "{}"), (f"x {baseline} p50", "{}"),
-            ("tok/pass", "{}"), ("reused", "{}"), ("exact", "{}"), ("saved", "{}"), ("stale", "{}")]
+    cols = [("config", "{}"), ("p50 pause ms", "{}"), ("p95 pause ms", "{}"), ("p50 shown ms", "{}"),
+            ("p95 shown ms", "{}"), ("p50 all ms", "{}"), ("p95 all ms", "{}"), (f"x {baseline} p50", "{}"),
+            ("tok/pass", "{}"), ("reused", "{}"), ("chars/ans", "{}"), ("exact", "{}"), ("saved", "{}"),
+            ("stale", "{}")]
     rows = []
     for name, s in summary.items():
-        rows.append([name, s["p50_ms_at_pauses"], s["p95_ms_at_pauses"],
+        rows.append([name, s["p50_ms_at_pauses"], s["p95_ms_at_pauses"], s["p50_ms_nonempty_at_pauses"],
+                     s["p95_ms_nonempty_at_pauses"], s["p50_ms_all"], s["p95_ms_all"],
                      s[f"p50_ms_at_pauses_x_faster_than_{baseline}"], s["tokens_per_pass"], s["reused_share"],
-                     s["exact_at_pauses"], s["saved_chars_share"], s["stale_share"]])
+                     s["chars_per_answer_at_pauses"], s["exact_at_pauses"], s["saved_chars_share"],
+                     s["stale_share"]])
     cells = [[c for c, _ in cols]] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells)
@@ -319,7 +564,8 @@ def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
 
 def format_phases(summary: dict[str, dict[str, Any]]) -> str:
     lines = ["mean ms per answered decode: " + ", ".join(
-        ["queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess"])]
+        ["queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess"])
+        + " (llama_server: its own prompt and generation timings)"]
     for name, s in summary.items():
         phases = s["phases_mean_ms"]
         lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
@@ -372,6 +618,17 @@ def corpus_files(corpus: Sequence[str]) -> list[tuple[str, Path]]:
     return found
 
 
+def llama_gguf(model: str | None) -> Path:
+    """The GGUF llama-server runs: ``--model`` when it is one, else the embedded model's file."""
+    if model is None:
+        from decoding.models import default_gguf_path
+
+        return default_gguf_path()
+    if model.endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    raise SystemExit(f"replay: the llama_server configuration needs a .gguf model, not {model}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", nargs="*", default=[], help="folders or .py files (default: the stdlib)")
@@ -383,15 +640,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a request counts as at a pause when the next key comes this much later (300)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated, from: {', '.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
-    parser.add_argument("--baseline", default="baseline", help="the configuration ratios are against")
-    parser.add_argument("--model", default=None, help="the server's --model (default: the embedded model)")
+    parser.add_argument("--baseline", default=None,
+                        help="the configuration ratios are against (default: baseline, else the first one)")
+    parser.add_argument("--model", default=None,
+                        help="the server's --model (default: the embedded model); llama_server needs a .gguf")
     parser.add_argument("--options", default="{}", help="JSON settings added to every configuration")
+    parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's -t (default 2)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    if not args.configs:
+        parser.error("no configuration to run")
+    if args.baseline is None:
+        args.baseline = "baseline" if "baseline" in args.configs else args.configs[0]
     if args.baseline not in args.configs:
         parser.error(f"the baseline {args.baseline!r} must be one of --configs")
     args.options = json.loads(args.options)
@@ -412,8 +676,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if len(segments) == args.files:
             break
     scripts = [typing_script(s.typed, args.cps, random.Random(f"{args.seed}:{s.file}")) for s in segments]
-    clients = {name: ReplayClient(name, {**CONFIGS[name], **args.options}, args.model)
-               for name in args.configs}
+    clients: dict[str, ReplayClient | LlamaServerClient] = {
+        name: (LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
+               if name == LLAMA_SERVER
+               else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model))
+        for name in args.configs}
     for client in clients.values():
         await client.start()
     records: list[RequestRecord] = []
