@@ -220,7 +220,8 @@ class SpeculativeEngine:
     def __init__(self, target: LoadedModel, cost: CostModel | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         self.target = target
-        self.cost = cost or CostModel.for_device(target.device.type)
+        prior = getattr(target.forward, "cost_prior", None)
+        self.cost = cost or CostModel.for_device(target.device.type, prior)
         self.prefix_cache = prefix_cache
         self._healing_masks: dict[bytes, torch.Tensor] = {}
 

@@ -20,6 +20,8 @@ from decoding.kv_cache import new_cache
 
 class ModelPass(Protocol):
     vocab_size: int
+    # Relative cost of a pass over n tokens, where the pass knows it (None: the device's default).
+    cost_prior: dict[int, float] | None
 
     def new_cache(self) -> Any:
         """An empty cache for this model (``crop`` and ``get_seq_length`` as above)."""
@@ -31,6 +33,8 @@ class ModelPass(Protocol):
 
 class TransformersPass:
     """``ModelPass`` over a transformers causal LM and a ``GrowingLayer`` cache."""
+
+    cost_prior = None  # fp32 CPU and accelerators: the device defaults in drafters/length.py
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

@@ -48,8 +48,11 @@ class CostModel:
     riding_on: int = 0  # tokens of the prefill pass a draft would ride on (0: a decode step)
 
     @classmethod
-    def for_device(cls, device_type: str) -> CostModel:
-        return cls(prior=dict(CPU_PRIOR if device_type == "cpu" else ACCELERATOR_PRIOR))
+    def for_device(cls, device_type: str, prior: dict[int, float] | None = None) -> CostModel:
+        """The device's default prior, or the pass's own (``ModelPass.cost_prior``) when it has one."""
+        if prior is None:
+            prior = CPU_PRIOR if device_type == "cpu" else ACCELERATOR_PRIOR
+        return cls(prior=dict(prior))
 
     def record(self, n_tokens: int, ms: float) -> None:
         old = self.measured_ms.get(n_tokens)
