@@ -12,9 +12,18 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 @pytest.fixture(scope="session")
 def default_model():
+    """What the server loads by default: the GGUF's own quantized blocks on the lean forward."""
     from decoding.models import load_model
 
     return load_model("default", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def fp32_model():
+    """The same GGUF dequantized to fp32 on transformers' forward (``quantization: none``)."""
+    from decoding.models import load_model
+
+    return load_model("default", device="cpu", dtype="float32", quantization="none")
 
 
 @pytest.fixture(scope="session")

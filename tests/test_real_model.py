@@ -1,4 +1,5 @@
-"""The embedded SmolLM2 model: speculative greedy output equals plain greedy on real code (fp32)."""
+"""The embedded SmolLM2 model: speculative greedy output equals plain greedy on real code, on its
+quantized weights (the default) and dequantized to fp32."""
 
 from __future__ import annotations
 
@@ -40,13 +41,17 @@ def stdlib_prompts(count: int, prompt_chars: int = 900, seed: int = 0) -> list[s
 
 @pytest.fixture(scope="module")
 def bf16_draft(default_model):
-    draft = load_model("default", device="cpu", dtype="bfloat16")
+    draft = load_model("default", device="cpu", dtype="bfloat16", quantization="none")
     check_draft_compatible(default_model, draft)
     return draft
 
 
-def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(default_model, bf16_draft):
-    engine = SpeculativeEngine(default_model)
+@pytest.mark.parametrize("weights", ["quantized", "fp32"])
+def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(weights, default_model, fp32_model,
+                                                                       bf16_draft):
+    target = default_model if weights == "quantized" else fp32_model
+    assert (target.model is None) == (weights == "quantized")
+    engine = SpeculativeEngine(target)
     drafters = {name: make_drafter(name, draft_model=bf16_draft, cost=engine.cost)
                 for name in ("ngram", "model", "auto")}
     config = GenerationConfig(max_new_tokens=20, stop_at_newline=True)
@@ -123,3 +128,16 @@ def test_cli_reports_bad_input_clearly(tmp_path):
         done = subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True,
                               timeout=120, check=False)
         assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_default_model_keeps_its_quantized_blocks(default_model, fp32_model):
+    """``quantization: auto`` serves the GGUF's Q4_1/Q8_0 blocks; its greedy choices agree with the
+    dequantized fp32 model's at nearly every position of real code (they differ only by bf16
+    activations inside the quantized products)."""
+    assert default_model.quantization == "F32+Q4_1+Q8_0"
+    assert default_model.forward.nbytes() < 150 * 2**20  # ~128 MB, against ~540 MB in fp32
+    engine = SpeculativeEngine(default_model)
+    ids = engine.encode((STDLIB / "textwrap.py").read_text()[:5000])[:400]
+    quantized = default_model.forward(ids, default_model.forward.new_cache()).argmax(-1)
+    dense = fp32_model.forward(ids, fp32_model.forward.new_cache()).argmax(-1)
+    assert (quantized == dense).float().mean() > 0.97
