@@ -157,11 +157,6 @@ class LlamaForward:
     def new_cache(self) -> KVCache:
         return KVCache(self.shape)
 
-    def weight_kinds(self) -> set[str]:
-        """The layer kinds holding the weights (for stats and logs)."""
-        return {type(m).__name__ for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up,
-                                                                     layer.down)}
-
     def nbytes(self) -> int:
         """Bytes of weights (the tied embedding counted once)."""
         total = self.norm.nbytes + self.head.nbytes()

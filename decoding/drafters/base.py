@@ -46,11 +46,3 @@ class Drafter(Protocol):
 
     def observe(self, draft: Draft, accepted: int) -> None:
         """``accepted`` of the draft's tokens were kept by the target."""
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

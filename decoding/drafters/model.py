@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from decoding.drafters.base import Draft, common_prefix_length
+from decoding.drafters.base import Draft
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
-from decoding.kv_cache import PrefixCache
+from decoding.kv_cache import PrefixCache, common_prefix_length
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
 

@@ -23,8 +23,9 @@ from itertools import islice
 
 import torch
 
-from decoding.drafters.base import Draft, common_prefix_length
+from decoding.drafters.base import Draft
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.kv_cache import common_prefix_length
 from decoding.verify import SamplingParams
 
 
