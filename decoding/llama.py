@@ -31,6 +31,9 @@ from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dens
 from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
 
 MIN_ATTENTION_ROWS = 3
+# Attention sums over keys in blocks of this many, in order: MKL splits a longer sum in ways that
+# depend on its length, so a row would not add up the same in a pass that attends to more keys.
+KEY_BLOCK = 256
 LLAMA_ARCHITECTURES = ("llama",)
 # Relative cost of a pass over n tokens (one token = 1.0), measured for SmolLM2-135M on its Q4_1
 # GGUF on the 2-core CPU (a step ~14 ms): the 4-bit kernel dequantizes its weights once per four
@@ -114,10 +117,11 @@ class KVCache:
         return self.keys.shape[2]
 
     def reserve(self, extra: int) -> None:
-        need = self.length + extra
+        """Room for ``extra`` more tokens, in whole key blocks (attention reads whole blocks)."""
+        need = -(-(self.length + extra) // KEY_BLOCK) * KEY_BLOCK
         if need <= self.capacity:
             return
-        capacity = need + max(self.SPARE, need // 4)
+        capacity = need + max(self.SPARE, need // 4 // KEY_BLOCK * KEY_BLOCK)
         for name in ("keys", "values"):
             grown = self._buffer(capacity)
             grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
@@ -178,9 +182,8 @@ class LlamaForward:
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self.rotary[start:end]
-        mask = None
-        if rows > 1:  # row i may see keys up to start + i
-            mask = torch.full((rows, end), float("-inf")).triu_(start + 1)
+        span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
+        mask = torch.full((rows, span), float("-inf")).triu_(start + 1)  # row i sees keys up to start + i
         for index, layer in enumerate(self.layers):
             h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
             h = h + self._feed_forward(layer, h)
@@ -190,7 +193,7 @@ class LlamaForward:
         return self.head(F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps))
 
     def _attention(self, index: int, layer: LlamaLayer, h: torch.Tensor, rotary: torch.Tensor,
-                   mask: torch.Tensor | None, cache: KVCache, start: int, end: int) -> torch.Tensor:
+                   mask: torch.Tensor, cache: KVCache, start: int, end: int) -> torch.Tensor:
         s, rows = self.shape, h.shape[0]
         qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
         rotated_heads = s.heads + s.kv_heads
@@ -199,7 +202,8 @@ class LlamaForward:
         v = qkv[:, rotated_heads * s.head_dim :].view(rows, s.kv_heads, s.head_dim)
         cache.keys[index, :, start:end] = qk[:, s.heads :].transpose(0, 1)
         cache.values[index, :, start:end] = v.transpose(0, 1)
-        keys, values = cache.keys[index, :, :end], cache.values[index, :, :end]
+        span = mask.shape[1]
+        keys, values = cache.keys[index, :, :span], cache.values[index, :, :span]
         # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
         q = qk[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(s.kv_heads, s.group * rows, s.head_dim)
@@ -207,11 +211,25 @@ class LlamaForward:
         if padded:
             q = torch.cat([q, q[:, :1].expand(-1, padded, -1)], dim=1)
         scores = torch.matmul(q, keys.transpose(1, 2))
-        if mask is not None:
-            scores[:, : s.group * rows].view(s.kv_heads, s.group, rows, end).add_(mask)
-        attended = torch.matmul(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
+        scores[:, : s.group * rows].view(s.kv_heads, s.group, rows, span).add_(mask)
+        attended = self._weighted_values(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
         return layer.out(merged.reshape(rows, s.dim))
+
+    @staticmethod
+    def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``probs @ values`` summed block by block in a fixed order; blocks past a row's keys add
+        exact zeros, so the row's result does not depend on how many keys the pass reads."""
+        kv_heads, rows, span = probs.shape
+        blocks = span // KEY_BLOCK
+        if blocks == 1:
+            return torch.matmul(probs, values)
+        parts = torch.matmul(probs.view(kv_heads, rows, blocks, KEY_BLOCK).transpose(1, 2),
+                             values.view(kv_heads, blocks, KEY_BLOCK, -1))  # (kv, blocks, rows, dim)
+        out = parts[:, 0]
+        for block in range(1, blocks):
+            out = out + parts[:, block]
+        return out
 
     def _feed_forward(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
         s = self.shape
