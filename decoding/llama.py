@@ -10,8 +10,10 @@ product for the output, one norm, one product for gate and up together, one for 
 Every row of a pass is computed as it would be alone (the tests check it bit for bit): the
 linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least
 ``MIN_ATTENTION_ROWS`` query rows at a time (MKL sums a one- or two-row product in another
-order), and a verification pass's causal mask only adds exact zeros to a row's softmax. That is
-what makes speculative greedy decoding equal plain decoding of this very model.
+order), reads keys in whole blocks of ``KEY_BLOCK`` and sums them block by block in order (MKL
+splits one long sum by its length), and the causal mask only adds exact zeros to a row's sums.
+That is what makes speculative greedy decoding equal plain decoding of this very model, and a
+cache filled by any mix of prefills, steps and verify passes equal to one filled in one pass.
 
 Weights come from a GGUF file's own quantized blocks (``from_gguf``) or from a transformers
 Llama quantized at load (``from_transformers``). Rotary embeddings act on adjacent pairs, as in
