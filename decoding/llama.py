@@ -151,10 +151,9 @@ class LlamaForward:
         half = shape.head_dim // 2
         freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
         angles = torch.outer(torch.arange(shape.max_context, dtype=torch.float64), freqs)
-        rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
-        # q's rows also take the attention scale, so scores need no extra op; k's rows do not.
-        scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)
-        self.rotary = rotary[:, None, :] * scale[None, :, None]  # (positions, heads + kv_heads, half)
+        self.rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
+        # q's rows also take the attention scale (applied with the rotation), k's rows do not.
+        self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
 
     @property
     def vocab_size(self) -> int:
@@ -183,7 +182,7 @@ class LlamaForward:
             raise ValueError(f"{end} positions exceed the model's context of {self.shape.max_context}")
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
-        rotary = self.rotary[start:end]
+        rotary = self.rotary[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
         span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
         mask = torch.full((rows, span), float("-inf")).triu_(start + 1)  # row i sees keys up to start + i
         for index, layer in enumerate(self.layers):
@@ -358,9 +357,16 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
         module = model.model.norm if i is None else blocks[i].get_submodule(names[kind])
         return module.weight.detach().float().clone()
 
-    head = DenseLinear(model.lm_head.weight.detach())
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    embed = DenseEmbedding(head.weight if tied else model.model.embed_tokens.weight.detach().float().clone())
+    head_weight = model.lm_head.weight.detach().float()
+    table = model.model.embed_tokens.weight.detach().float().clone()
+    if bits and head_weight.shape[0] % INT4_N_MULTIPLE == 0 and head_weight.shape[1] % 32 == 0:
+        # As GGUF files keep it: the output layer in 8 bits (Q8_0), whatever the rest.
+        head: torch.nn.Module = QuantizedHead(quantize_dense(head_weight.numpy(), 8))
+        embed: Embedding = head.rows if tied else DenseEmbedding(table)
+    else:
+        head = DenseLinear(head_weight)
+        embed = DenseEmbedding(head.weight if tied else table)
     forward = _assemble(shape, weight, vector, embed, head)
     forward.formats = f"int{bits}"
     return forward

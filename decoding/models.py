@@ -14,6 +14,7 @@ directory keyed by the file's sha256; later starts load that copy in seconds.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib.util
 import logging
@@ -271,8 +272,16 @@ def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) 
         log.info("%s: the quantized forward does not cover %s; dequantizing instead", path.name, exc)
         return None
     config, tokenizer = _gguf_metadata(path, trust_remote_code)
+    _give_back_freed_memory()
     return LoadedModel(model=None, tokenizer=tokenizer, device=torch_device, dtype=torch.float32,
                        source=str(path), forward=forward, config=config, quantization=forward.formats)
+
+
+def _give_back_freed_memory() -> None:
+    """Return the heap that unpacking the blocks freed to the OS (glibc keeps it otherwise: ~50 MB
+    of a ready server's resident memory). No library call does this; a no-op off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
