@@ -203,3 +203,11 @@ def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_p
             proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
     assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
 
+
+
+def test_the_transformers_peer_refuses_a_model_outside_transformers():
+    from decoding.transformers_peer import TransformersDecoder
+
+    engine = SpeculativeEngine(lean_loaded(lean(9, 4)))
+    with pytest.raises(ValueError, match="quantization"):
+        TransformersDecoder(engine)

@@ -62,7 +62,7 @@ class DenseLinear(torch.nn.Module):
         x = x.float()
         rows = x.shape[0]
         if rows == 1:
-            x = x.expand(2, -1)
+            x = x.expand(2, -1).contiguous()
         return (self.weight @ x.t())[:, :rows].t().contiguous()
 
     def nbytes(self) -> int:
