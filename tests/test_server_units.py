@@ -81,7 +81,8 @@ def test_the_model_drafter_needs_a_draft_model():
 
 def test_to_lsp_uses_the_documented_names():
     assert set(config.Settings().to_lsp()) == {
-        "model", "draftModel", "drafter", "device", "dtype", "maxNewTokens", "contextTokens", "debounceMs",
+        "model", "draftModel", "drafter", "device", "dtype", "quantization", "maxNewTokens", "contextTokens",
+        "debounceMs",
         "timeBudgetMs", "enabled", "multiline", "kvCacheMb", "typeAhead", "prefetch", "decoder", "maxLines",
         "fimTemplate", "neighborSnippets", "tokenHealing"}
 
