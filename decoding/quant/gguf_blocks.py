@@ -64,13 +64,6 @@ class QuantTensor:
             return self.values
         return sum(term.dense() for term in self.terms)
 
-    def rows(self, order: np.ndarray) -> QuantTensor:
-        """The same tensor with its output rows reordered (exact: blocks run along the input)."""
-        if self.terms is None:
-            return QuantTensor(self.shape, self.kind, values=self.values[order])
-        terms = [Int4Term(t.q[order], t.scale[order], t.zero[order]) for t in self.terms]
-        return QuantTensor(self.shape, self.kind, terms=terms)
-
 
 def _fp16(raw: np.ndarray) -> np.ndarray:
     """Two bytes per row, read as the fp16 they hold, widened to fp32 (exact)."""
