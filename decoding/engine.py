@@ -195,6 +195,7 @@ class Run:
     stats: GenerationStats
     generator: torch.Generator | None  # sampling only
     healing: Healing | None
+    eos: set[int]  # the target's end-of-text tokens, looked up once per generation
     generated: list[int] = field(default_factory=list)
     cache: Any = None
 
@@ -398,7 +399,7 @@ class SpeculativeEngine:
         if config.required_prefix:
             constraint = PrefixConstraint(self.healing_index, config.required_prefix)
             healing = Healing(constraint, self._healing_masks)
-        return Run(prompt, config, drafter, cancel, stats, generator, healing)
+        return Run(prompt, config, drafter, cancel, stats, generator, healing, self.target.eos_token_ids)
 
     def _first_tokens(self, run: Run, cache_key: str | None) -> Borrowed | None:
         """The prefill (with reuse, and a draft riding on it) and the tokens it yields; None when
@@ -494,7 +495,7 @@ class SpeculativeEngine:
         """``cut_at_stop`` for this run; a healing that found no way on ends it empty."""
         config = run.config
         kept, text, reason, consumed = self.cut_at_stop(
-            run.generated, config.stops, self.target.eos_token_ids, config.max_new_tokens,
+            run.generated, config.stops, run.eos, config.max_new_tokens,
             config.required_prefix, config.stop_when)
         if run.healing is not None and run.healing.failed:
             return [], "", "stop", len(run.generated)
