@@ -29,7 +29,7 @@ import torch
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
-from decoding.kv_cache import Borrowed, PrefixCache
+from decoding.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.models import LoadedModel
 from decoding.verify import (
     Acceptance,
@@ -63,6 +63,9 @@ class GenerationConfig:
     # A stop decided by the caller: given the text so far (after ``required_prefix``), the index
     # to cut it at, or None to go on (e.g. where a multi-line suggestion's block ends).
     stop_when: Callable[[str], int | None] | None = None
+    # Decoding ahead of the user (prefetch): the cache keeps its record of what was last asked,
+    # which tells how far ahead of the user's text its chain already reaches.
+    ahead: bool = False
 
     @property
     def sampling(self) -> SamplingParams:
@@ -293,7 +296,7 @@ class SpeculativeEngine:
                 return borrowed, logits, draft
             if is_cancelled(cancel):
                 if store is not None:
-                    store.put(cache_key, prompt[:done], borrowed.cache)
+                    store.put(cache_key, prompt[:done], borrowed.cache, ticket=borrowed.ticket)
                 return borrowed, None, draft
 
     def _known_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
@@ -304,10 +307,11 @@ class SpeculativeEngine:
         if not required or cache_key is None or self.prefix_cache is None:
             return True
         peek = self.prefix_cache.chain(cache_key)
-        if peek is None or peek[1] is None or len(peek[0]) <= len(prompt) or peek[0][:len(prompt)] != prompt:
+        if (peek is None or peek.greedy_from is None or len(peek.tokens) <= len(prompt)
+                or peek.tokens[:len(prompt)] != prompt):
             return True  # no known continuation will be offered
         probe = PrefixConstraint(self.healing_index, required)
-        for token in peek[0][len(prompt):]:
+        for token in peek.tokens[len(prompt):]:
             if not probe.active:
                 break
             allowed = probe.allowed()
@@ -512,7 +516,9 @@ class SpeculativeEngine:
         if run.healing is not None and run.healing.deviated >= 0:
             chain = max(chain, len(run.prompt) + run.healing.deviated + 1)
         self.prefix_cache.put(cache_key, run.prompt + run.generated, run.cache,
-                              chain if run.sampling.greedy else None)
+                              chain if run.sampling.greedy else None, ticket=borrowed.ticket,
+                              asked=borrowed.asked if run.config.ahead
+                              else Asked(len(run.prompt), run.config.required_prefix))
 
     def generate_text(self, prompt: str, config: GenerationConfig | None = None,
                       drafter: Drafter | None = None, cancel: CancelCheck = None,

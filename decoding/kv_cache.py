@@ -1,10 +1,10 @@
 """Prefix KV-cache reuse across requests, per document, within a memory budget.
 
-On the 2-core CPU a cold 512-token prefill takes ~1 s and a decode step ~62 ms. Consecutive
-requests on one document share almost all of their prompt (the user typed a character), so the
-KV cache a generation leaves behind is kept under the document's key, and the next request there
-feeds only the tokens after the longest common token prefix. Reuse is exact: a causal model's
-keys and values for a token depend only on the tokens before it, so the common prefix's entries
+A cold prefill of a long prompt costs many decode steps (``benchmarks/README.md`` has the
+figures). Consecutive requests on one document share almost all of their prompt (the user typed a
+character), so the KV cache a generation leaves behind is kept under the document's key, and the
+next request there feeds only the tokens after the longest common token prefix. Reuse is exact: a
+causal model's keys and values for a token depend only on the tokens before it, so the common prefix's entries
 are the ones a fresh prefill would compute; everything after the first differing token (an edit
 before the cursor, a different completion) is cropped away.
 
@@ -18,7 +18,8 @@ transformers' ``DynamicCache`` holds the tensors (with ``GrowingLayer``, below, 
 default layer); this module decides which cache serves a request and which to evict. Entries
 are least-recently-used first out when the budget is exceeded, and an entry is lent out
 (removed from the store) while a generation uses it, so a cache is never shared by two
-generations.
+generations. Dropping a key while its cache is lent revokes the loan: the generation's ``put``
+is then ignored, so a document closed mid-decode leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -131,12 +132,31 @@ class PrefixCacheStats:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class Asked:
+    """The latest request's prompt on a key: the suggestion shown is what the chain holds past
+    ``prompt_tokens``, after the ``owed`` text (token healing's, which the output began with)."""
+
+    prompt_tokens: int
+    owed: str = ""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A key's tokens and where its greedy chain begins, seen without borrowing the cache."""
+
+    tokens: list[int]
+    greedy_from: int | None  # tokens[greedy_from:] are the target's unconstrained greedy choices
+    asked: Asked | None
+
+
 @dataclass
 class _Entry:
     tokens: list[int]  # the cache holds keys and values for tokens[:cache_length(cache)]
     cache: DynamicCache
     nbytes: int
     greedy_from: int | None  # tokens[greedy_from:] are the target's unconstrained greedy choices
+    asked: Asked | None = None
 
 
 @dataclass
@@ -147,6 +167,8 @@ class Borrowed:
     reused: int = 0  # prompt tokens the cache already holds
     known: list[int] | None = None  # the target's greedy continuation of the prompt, when known
     greedy_from: int | None = None  # for ``put``: where the chain of greedy choices began
+    ticket: int | None = None  # for ``put``: identifies this loan (a drop meanwhile revokes it)
+    asked: Asked | None = None  # the entry's record of the latest request
 
 
 class PrefixCache:
@@ -158,6 +180,9 @@ class PrefixCache:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # generations run on a worker; stats and drops come from elsewhere
+        self._tickets = 0
+        self._lent: dict[str, int] = {}  # key -> the ticket of its loan still out
+        self._revoked: set[int] = set()  # loans whose key was dropped while they were out
 
     @property
     def enabled(self) -> bool:
@@ -178,35 +203,41 @@ class PrefixCache:
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._bytes -= entry.nbytes
+            self._tickets += 1
+            ticket = self._lent[key] = self._tickets
         if entry is None:
-            return Borrowed(None)
+            return Borrowed(None, ticket=ticket)
         common = common_prefix_length(entry.tokens, prompt)
         held = cache_length(entry.cache)
         on_chain = (common == len(prompt) and entry.greedy_from is not None
                     and len(prompt) >= entry.greedy_from)
         if continuation and on_chain and len(prompt) < len(entry.tokens) and held == len(entry.tokens) - 1:
             self._count_reuse(len(prompt))
-            return Borrowed(entry.cache, len(prompt), list(entry.tokens[len(prompt):]), entry.greedy_from)
+            return Borrowed(entry.cache, len(prompt), list(entry.tokens[len(prompt):]), entry.greedy_from,
+                            ticket, entry.asked)
         keep = min(common, len(prompt) - 1, held)
         if keep <= 0:
-            return Borrowed(None)
+            return Borrowed(None, ticket=ticket)
         if held > keep:
             try:
                 entry.cache.crop(keep - held)
             except Exception:  # a cache type that can't roll back (e.g. sliding windows): start afresh
-                return Borrowed(None)
+                return Borrowed(None, ticket=ticket)
         self._count_reuse(keep)
-        return Borrowed(entry.cache, keep, None, entry.greedy_from if on_chain else None)
+        return Borrowed(entry.cache, keep, None, entry.greedy_from if on_chain else None, ticket, entry.asked)
 
     def _count_reuse(self, tokens: int) -> None:
         with self._lock:
             self.stats.hits += 1
             self.stats.reused_tokens += tokens
 
-    def put(self, key: str, tokens: Sequence[int], cache: DynamicCache,
-            greedy_from: int | None = None) -> None:
+    def put(self, key: str, tokens: Sequence[int], cache: DynamicCache, greedy_from: int | None = None,
+            *, ticket: int | None = None, asked: Asked | None = None) -> None:
         """Keep ``cache`` as ``key``'s: it holds ``tokens`` (all, or all but the last), of which
-        ``tokens[greedy_from:]`` are greedy choices (None: none are). Evicts old entries as needed."""
+        ``tokens[greedy_from:]`` are greedy choices (None: none are). ``ticket`` is the loan's
+        (``Borrowed.ticket``): a loan revoked by ``drop`` is not kept. Evicts old entries as needed."""
+        if ticket is not None and self._settle(key, ticket):
+            return
         if not self.enabled or not tokens or cache_length(cache) not in (len(tokens), len(tokens) - 1):
             return
         nbytes = cache_nbytes(cache)
@@ -216,25 +247,39 @@ class PrefixCache:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            self._entries[key] = _Entry(list(tokens), cache, nbytes, greedy_from)
+            self._entries[key] = _Entry(list(tokens), cache, nbytes, greedy_from, asked)
             self._bytes += nbytes
             while self._bytes > self.budget_bytes:  # the new entry alone fits: it is never the one evicted
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
                 self.stats.evictions += 1
 
-    def chain(self, key: str) -> tuple[list[int], int | None] | None:
-        """``key``'s tokens and where its greedy chain begins, without borrowing the cache."""
+    def _settle(self, key: str, ticket: int) -> bool:
+        """Close the loan ``ticket``; whether it was revoked (its cache must not be kept)."""
+        with self._lock:
+            if self._lent.get(key) == ticket:
+                del self._lent[key]
+            if ticket in self._revoked:
+                self._revoked.discard(ticket)
+                return True
+            return False
+
+    def chain(self, key: str) -> Chain | None:
+        """``key``'s tokens, where its greedy chain begins and what was last asked, without
+        borrowing the cache."""
         with self._lock:
             entry = self._entries.get(key)
-            return (list(entry.tokens), entry.greedy_from) if entry is not None else None
+            return Chain(list(entry.tokens), entry.greedy_from, entry.asked) if entry is not None else None
 
     def drop(self, key: str) -> None:
-        """Forget ``key`` (its document was closed)."""
+        """Forget ``key`` (its document was closed), including a cache lent out right now."""
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._bytes -= entry.nbytes
+            ticket = self._lent.pop(key, None)
+            if ticket is not None:
+                self._revoked.add(ticket)
 
     def resize(self, budget_bytes: int) -> None:
         with self._lock:
@@ -246,7 +291,8 @@ class PrefixCache:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"entries": len(self._entries), "bytes": self._bytes, "budget_bytes": self.budget_bytes,
+            return {"entries": len(self._entries), "lent": len(self._lent), "bytes": self._bytes,
+                    "budget_bytes": self.budget_bytes,
                     "lookups": self.stats.lookups, "hits": self.stats.hits,
                     "prompt_tokens": self.stats.prompt_tokens, "reused_tokens": self.stats.reused_tokens,
                     "reused_share": round(self.stats.reused_share, 4), "evictions": self.stats.evictions}

@@ -1,21 +1,29 @@
-"""From a request (document, position, trigger) to an insert text and a range, with the bookkeeping.
+"""A completion request as one pipeline, from a position to an item.
 
-The handlers in ``server.py`` stay thin: they look up the document and translate to and from LSP
-types; this module decides whether to decode at all (enabled, model ready, an identical request
-answered before), builds the prompt, schedules the decode (debounce, supersede, budget),
-post-processes it, counts the outcome, and when the worker falls idle lets it work ahead
-(draft sources, prefetch).
+    snapshot (event loop) -> prompt (worker: the runtime's tokenizer) -> decode (``Runtime``)
+    -> finish (post-processing) -> item
+
+Each fact about a request is worked out once, on the event loop, into a ``Request`` that the
+later steps read: the cursor, the language, where the suggestion may end (``Situation``), the
+key its answer is remembered by. The handlers in ``server.py`` only translate LSP types.
+
+Two checks answer without decoding, both in the same way: an identical request answered before
+(greedy decoding would say the same again) and a cursor in the middle of a word. Each supersedes
+what was running for the document, as a new decode would. When the worker falls idle after an
+answer it works ahead (draft sources, prefetch). Per-document state lives in the owners that a
+``DocumentRegistry`` forgets together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
@@ -23,15 +31,19 @@ from pygls.workspace import TextDocument
 
 from lsp_server import languages, postprocess
 from lsp_server.config import Settings
-from lsp_server.context import ContextBuilder, ContextRequest
+from lsp_server.context import ContextBuilder, ContextRequest, Prompt
 from lsp_server.documents import Cursor, PositionError, locate
-from lsp_server.model_host import Decoded, ModelHost
+from lsp_server.model_host import ModelHost
+from lsp_server.per_document import DocumentRegistry
 from lsp_server.postprocess import Situation
-from lsp_server.reuse import SuggestionMemory
+from lsp_server.reuse import Key, SuggestionMemory
 from lsp_server.scheduler import Outcome, Scheduler
 from lsp_server.snippets import OpenDocument
 from lsp_server.sources import DocumentSnapshot
 from lsp_server.stats import ServerStats
+
+if TYPE_CHECKING:
+    from decoding import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +64,37 @@ class Completion:
                              arguments=[self.uri, self.text])
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request, snapshotted on the event loop (documents keep changing there). Cheap: strings
+    are shared, not copied, and only the lines around the cursor are looked at."""
+
+    kind: str  # "inline" or "completion"
+    uri: str
+    cursor: Cursor
+    source: str  # the document's text
+    settings: Settings
+    context: ContextRequest  # what the prompt is built from
+    situation: Situation  # what post-processing and the suggestion's end need
+    memory_key: Key
+    generation: int  # the document's in the registry: closed since, its answer is not remembered
+    invoked: bool  # asked for explicitly (no debounce)
+
+    @property
+    def key(self) -> str:
+        """The scheduler's key: one live decode per document and kind."""
+        return f"{self.kind}:{self.uri}"
+
+
+@dataclass
+class Decoded:
+    """A decode's result and the server-side time spent before the engine ran."""
+
+    result: GenerationResult
+    prompt_ms: float  # building the prompt: context, token counts, trimming to its budget
+    prompt: Prompt
+
+
 class CompletionService:
     def __init__(self, host: ModelHost, scheduler: Scheduler, stats: ServerStats,
                  settings: Callable[[], Settings],
@@ -59,9 +102,16 @@ class CompletionService:
         self.host, self.scheduler, self.stats, self._settings = host, scheduler, stats, settings
         self._documents = documents
         self.memory = SuggestionMemory()
+        self.context = ContextBuilder()  # builds prompts on the worker thread only
+        self.registry = DocumentRegistry()
+        self.registry.owner(self.memory.forget)
+        self.registry.owner(host.forget)
+        self.registry.owner(self.context.forget, worker=True)
+        self.registry.owner(host.forget_on_worker, worker=True)
         self._requests_seen = 0  # background work starts only if no request came in meanwhile
         self._background: asyncio.Task | None = None
-        self.context = ContextBuilder()  # builds prompts on the worker thread only
+        self._background_uri: str | None = None
+        self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
 
     async def complete(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
                        *, invoked: bool) -> Completion | None:
@@ -81,19 +131,56 @@ class CompletionService:
             raise
         except Exception:
             log.exception("%s request on %s failed", kind, uri)
-            self.stats.failed += 1
-            completion, note = None, "failed"
+            completion, note = None, self._failed("failed")
         self._answered(kind, uri, position, started, note, empty=completion is None)
         return completion
 
     def forget(self, uri: str) -> None:
-        """The document was closed."""
-        self.memory.forget(uri)
-        self.host.forget(uri)
+        """The document was closed: nothing it held is kept, even if a decode for it is running."""
+        for kind in ("inline", "completion"):  # nobody wants a completion for a closed document
+            self.scheduler.supersede(f"{kind}:{uri}")
+        if self._background_uri == uri and self._background is not None:
+            self._background.cancel()  # its prefetch is for this document
+            self.scheduler.preempt_background()
+        self.registry.forget(uri)
+        # The worker's owners are told before its next job; this one frees memory if none comes.
+        job = asyncio.ensure_future(
+            self.scheduler.run_background(lambda stop: self.registry.forget_on_worker()))
+        self._forgetting.add(job)
+        job.add_done_callback(self._forgetting.discard)
 
+    # -- the pipeline --------------------------------------------------------------------------------
     async def _complete(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
                         invoked: bool) -> tuple[Completion | None, str]:
         settings = self._settings()
+        request, note = self._snapshot(kind, uri, document, position, settings, invoked)
+        if request is None:
+            return None, note
+        if settings.type_ahead:
+            found, text = self.memory.result(request.memory_key)
+            if found:  # an identical request was answered before: greedy decoding would say the same
+                self.stats.reuse["repeated"] += 1
+                return self._answer_now(request, text, "repeated request")
+        if _WORD_CHAR.match(request.situation.after[:1]):
+            self.stats.mid_word += 1
+            return self._answer_now(request, None, "mid-word (a word character follows the cursor)")
+        typed_ahead = settings.type_ahead and self.memory.typed_ahead(uri, request.source,
+                                                                       request.cursor.offset) is not None
+        self.stats.reuse["typed_ahead"] += int(typed_ahead)
+        job = functools.partial(self._decode, request, asyncio.get_running_loop())
+        outcome = await self.scheduler.run(
+            request.key, job, debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
+            budget_s=settings.time_budget_ms / 1000 or None)
+        completion, note, final = self._finish(outcome, request)
+        if final:
+            self._remember(request, completion.text if completion is not None else None)
+        if outcome.status == "done":
+            self._after_answer(uri, settings)
+        return completion, note
+
+    def _snapshot(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
+                  settings: Settings, invoked: bool) -> tuple[Request | None, str]:
+        """The request, or None and why there is nothing to decode."""
         if document is None:
             return None, "unknown document (not opened with didOpen)"
         try:
@@ -105,118 +192,99 @@ class CompletionService:
             return None, "disabled"
         if not self.host.ready:
             return None, f"model {self.host.state.status}"
-        source = document.source
-        memory_key = self.memory.key(uri, source, cursor.offset, (settings, self._other_versions(uri)))
-        typed_ahead = False
-        if settings.type_ahead:
-            found, text = self.memory.result(memory_key)
-            if found:  # an identical request was answered before: greedy decoding would say the same
-                self.scheduler.supersede(f"{kind}:{uri}")  # whatever ran there is stale now
-                self.stats.reuse["repeated"] += 1
-                self._after_answer(uri, settings)
-                return self._completion(text, cursor, uri), "repeated request"
-            typed_ahead = self.memory.typed_ahead(uri, source, cursor.offset) is not None
-            self.stats.reuse["typed_ahead"] += int(typed_ahead)
-        request, situation = self._snapshot(uri, document, cursor, settings)
-        outcome = await self.scheduler.run(
-            f"{kind}:{uri}", self._job(request, situation, settings, uri),
-            debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
-            budget_s=settings.time_budget_ms / 1000 or None)
-        completion, note, final = self._finish(outcome, cursor, situation, uri)
-        if final and settings.type_ahead:
-            self.memory.remember(memory_key, uri, source, cursor.offset,
-                                 completion.text if completion is not None else None)
-        if outcome.status == "done":
-            self._after_answer(uri, settings)
-        return completion, note
-
-    def _other_versions(self, uri: str) -> tuple:
-        """Other documents can shape the prompt (snippets, draft sources): part of a request's identity."""
-        return tuple((u, d.version) for u, d in self._documents().items() if u != uri)
-
-    def _snapshot(self, uri: str, document: TextDocument, cursor: Cursor,
-                  settings: Settings) -> tuple[ContextRequest, Situation]:
-        """What the worker needs, taken now (documents keep changing on the event loop). Cheap:
-        strings are shared, not copied, and only the lines around the cursor are looked at."""
         text = document.source
         spec = languages.detect(document.language_id, uri)
         others = tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items()
                        if u != uri) if settings.neighbor_snippets else ()
         # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.
         heal = settings.token_healing and settings.decoder == "speculative"
-        request = ContextRequest(text=text, offset=cursor.offset, budget_tokens=settings.context_tokens,
+        context = ContextRequest(text=text, offset=cursor.offset, budget_tokens=settings.context_tokens,
                                  uri=uri, language_id=document.language_id, others=others,
                                  fim_template=settings.fim_template,
-                                 neighbor_snippets=settings.neighbor_snippets, heal=heal)
+                                 neighbor_snippets=settings.neighbor_snippets, heal=heal, language=spec)
         situation = postprocess.situation_for(text, cursor.offset, cursor.before, cursor.after, spec,
                                               settings.multiline, settings.max_lines)
-        return request, situation
+        memory_key = self.memory.key(uri, text, cursor.offset, (settings, self._other_versions(uri)))
+        return Request(kind, uri, cursor, text, settings, context, situation, memory_key,
+                       self.registry.touch(uri), invoked), ""
 
-    def _job(self, request: ContextRequest, situation: Situation, settings: Settings,
-             uri: str) -> Callable[[Callable[[], bool]], Any]:
-        loop = asyncio.get_running_loop()
-        end = situation.ending
+    def _other_versions(self, uri: str) -> tuple:
+        """Other documents can shape the prompt (snippets, draft sources): part of a request's identity."""
+        return tuple((u, d.version) for u, d in self._documents().items() if u != uri)
 
-        def job(should_stop: Callable[[], bool]) -> Decoded | None:
-            # Checked here, not before scheduling, so the request still supersedes the decode
-            # running for an older keystroke, like any other.
-            if _WORD_CHAR.match(situation.after[:1]):
-                return Decoded(None, 0.0, skipped="mid-word (a word character follows the cursor)")
-            decoded = self.host.generate(lambda tokens: self.context.build(request, tokens), settings,
-                                         end.stop_at_newline, should_stop, cache_key=uri,
-                                         stop_when=end.cut if end.multiline else None)
-            if decoded is not None and decoded.result is not None:  # counted even when superseded
-                loop.call_soon_threadsafe(self.stats.record_generation, decoded.result)
-            return decoded
-        return job
+    def _answer_now(self, request: Request, text: str | None, note: str) -> tuple[Completion | None, str]:
+        """Answer without decoding; whatever ran for the document is stale now."""
+        self.scheduler.supersede(request.key)
+        self._remember(request, text)
+        self._after_answer(request.uri, request.settings)
+        return self._completion(text, request), note
 
-    @staticmethod
-    def _completion(text: str | None, cursor: Cursor, uri: str) -> Completion | None:
-        if text is None:
+    def _decode(self, request: Request, loop: asyncio.AbstractEventLoop,
+                should_stop: Callable[[], bool]) -> Decoded | None:
+        """On the worker: the prompt, with the tokenizer of the runtime that decodes it, and the
+        decode. None when no model is loaded (it was unloaded meanwhile)."""
+        self.registry.forget_on_worker()
+        runtime = self.host.runtime
+        if runtime is None:
             return None
-        return Completion(text, types.Range(cursor.start_position(), cursor.line_end_position()), uri)
+        started = time.perf_counter()
+        prompt = self.context.build(request.context, runtime.tokens)
+        prompt_ms = (time.perf_counter() - started) * 1000
+        result = runtime.generate(prompt, request.settings, request.situation.ending, should_stop,
+                                  cache_key=request.uri)
+        loop.call_soon_threadsafe(self.stats.record_generation, result)  # counted even when superseded
+        return Decoded(result, prompt_ms, prompt)
 
-    def _finish(self, outcome: Outcome, cursor: Cursor, situation: Situation,
-                uri: str) -> tuple[Completion | None, str, bool]:
+    def _finish(self, outcome: Outcome[Decoded | None],
+                request: Request) -> tuple[Completion | None, str, bool]:
         """The completion, a note for the log, and whether it is final (worth remembering)."""
-        decoded: Decoded | None = outcome.value
+        decoded = outcome.value
         if outcome.budget_exhausted:
             self.stats.budget_exhausted += 1
         if outcome.status == "superseded":
             self.stats.superseded += 1
             return None, "superseded", False
         if outcome.status == "failed":
-            self.stats.failed += 1
-            return None, f"decode failed: {outcome.error}", False
-        if outcome.status == "done" and decoded is not None and decoded.skipped:
-            return None, decoded.skipped, True
+            return None, self._failed(f"decode failed: {outcome.error}"), False
         if outcome.status != "done" or decoded is None:
             return None, outcome.status if decoded is not None else "model unloaded", False
         result = decoded.result
         post_started = time.perf_counter()
-        text = postprocess.finish(result.text, situation)
+        text = postprocess.finish(result.text, request.situation)
         post_ms = (time.perf_counter() - post_started) * 1000
         s = result.stats
         self.stats.record_phases(queue_ms=outcome.queued_ms, prompt_ms=decoded.prompt_ms, stats=s,
                                  post_ms=post_ms)
         if s.target_passes == 0 and s.known_tokens > 0:
             self.stats.reuse["from_chain"] += 1
-        budget = " (budget)" if outcome.budget_exhausted else ""
-        note = (f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
-                f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
-                f"({s.reused_tokens} reused, {s.known_tokens} known), "
-                f"healed {decoded.prompt.healed if decoded.prompt else ''!r}, "
-                f"queued {outcome.queued_ms:.0f} ms")
+        note = _decode_note(decoded, outcome)
         final = not outcome.budget_exhausted and result.stop_reason != "cancelled"
         if text is None:
             return None, f"nothing to suggest ({note})", final
-        return self._completion(text, cursor, uri), note, final
+        return self._completion(text, request), note, final
+
+    def _remember(self, request: Request, text: str | None) -> None:
+        """Keep the answer for an identical request, unless the document was closed meanwhile."""
+        if request.settings.type_ahead and self.registry.current(request.uri, request.generation):
+            self.memory.remember(request.memory_key, request.uri, request.source, request.cursor.offset, text)
+
+    def _failed(self, note: str) -> str:
+        self.stats.failed += 1
+        return note
+
+    @staticmethod
+    def _completion(text: str | None, request: Request) -> Completion | None:
+        if text is None:
+            return None
+        cursor = request.cursor
+        return Completion(text, types.Range(cursor.start_position(), cursor.line_end_position()), request.uri)
 
     # -- idle-time work ------------------------------------------------------------------------------
     def _after_answer(self, uri: str, settings: Settings) -> None:
         """Work ahead for the latest answer only: earlier plans are stale."""
         if self._background is not None:
             self._background.cancel()
+        self._background_uri = uri
         self._background = asyncio.ensure_future(self._work_ahead(uri, settings, self._requests_seen))
 
     async def _work_ahead(self, uri: str, settings: Settings, seen: int) -> None:
@@ -225,11 +293,16 @@ class CompletionService:
             return  # the user typed on: the next answer will bring us back here
         documents = {u: DocumentSnapshot(d.version, d.source) for u, d in self._documents().items()}
         outcome = await self.scheduler.run_background(
-            lambda stop: self.host.background(settings, documents, uri, stop))
+            functools.partial(self._ahead, settings, documents, uri))
         if outcome.value is not None:  # kept apart from the request decodes' counters
             self.stats.record_prefetch(outcome.value)
         elif outcome.status == "superseded":
             self.stats.prefetch["preempted"] += 1
+
+    def _ahead(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str,
+               should_stop: Callable[[], bool]) -> GenerationResult | None:
+        self.registry.forget_on_worker()
+        return self.host.background(settings, documents, uri, should_stop)
 
     def accepted(self, uri: str, text: str) -> None:
         """The client ran the accepted-item command."""
@@ -243,3 +316,13 @@ class CompletionService:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s %d:%d -> %s in %.0f ms: %s", kind, uri, position.line, position.character,
                       "empty" if empty else "answer", latency_ms, note)
+
+
+def _decode_note(decoded: Decoded, outcome: Outcome[Any]) -> str:
+    """How a decode went, for the debug log."""
+    result, s = decoded.result, decoded.result.stats
+    budget = " (budget)" if outcome.budget_exhausted else ""
+    return (f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
+            f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
+            f"({s.reused_tokens} reused, {s.known_tokens} known), healed {decoded.prompt.healed!r}, "
+            f"queued {outcome.queued_ms:.0f} ms")

@@ -65,6 +65,7 @@ class ContextRequest:
     fim_template: str = "auto"  # a fim.STYLES name, "auto", "none", or a template string
     neighbor_snippets: int = 2
     heal: bool = True
+    language: LanguageSpec | None = None  # when the caller has detected it already
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,16 @@ class ContextBuilder:
         self.parses = ParseCache()
         self.snippets = SnippetIndex()
 
+    def forget(self, uri: str) -> None:
+        """``uri`` was closed: its parse tree and snippet windows are dropped (worker thread)."""
+        self.parses.forget(uri)
+        self.snippets.forget(uri)
+
     def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
         """The prompt for ``request``: at most ``budget_tokens`` ids, exactly the encoding of its
         text (healing only removes whole tokens from the end)."""
         budget = max(int(request.budget_tokens), 1)
-        spec = detect(request.language_id, request.uri)
+        spec = request.language or detect(request.language_id, request.uri)
         text = request.text
         offset = max(0, min(request.offset, len(text)))
         window, outline, lines, row, cursor_text = self._outline(request.uri, text, offset, spec, budget)

@@ -20,12 +20,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lsp_server.config import Settings
-from lsp_server.context import Prompt, fit_tokens
+from lsp_server.context import Prompt
+from lsp_server.ending import Ending
 from lsp_server.sources import DocumentSnapshot, DraftSources
 from lsp_server.tokens import Tokens
+
+if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
+    from decoding import GenerationResult, LoadedModel, SpeculativeEngine
+    from decoding.drafters import Drafter, NgramDrafter
+    from decoding.kv_cache import Chain
+    from decoding.transformers_peer import TransformersDecoder
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +43,44 @@ PREFETCH_LINES = 2  # the chain may run this many line ends past the prompt befo
 
 
 @dataclass
-class Decoded:
-    """A decode's result and the server-side time spent before the engine ran."""
-
-    result: Any  # decoding.GenerationResult; None when it did not decode (``skipped`` says why)
-    prompt_ms: float  # building the prompt: context, token counts, trimming to its budget
-    prompt: Prompt | None = None
-    skipped: str = ""
-
-
-@dataclass
 class Runtime:
-    """What one successful load produced; used on the worker thread only."""
+    """What one successful load produced: an engine that decodes a prompt into a suggestion.
+    Used on the worker thread only; a request holds on to one runtime from its prompt to its
+    answer, so the ids it is fed always come from the tokenizer of the model that decodes them."""
 
-    engine: Any  # decoding.SpeculativeEngine, with its PrefixCache
-    drafter: Any  # decoding.drafters.Drafter | None
+    engine: SpeculativeEngine  # with its PrefixCache: per document, the KV cache and greedy chain
+    drafter: Drafter | None
     drafter_name: str
-    draft_model: Any  # decoding.LoadedModel | None
+    draft_model: LoadedModel | None
+    tokens: Tokens  # the target's tokenizer, for building prompts
     session_cache_bytes: int = 0
-    _peer: Any = None  # decoding.transformers_peer.TransformersDecoder, built on first use
-    tokens: Any = None  # lsp_server.tokens.Tokens: the target's tokenizer, for building prompts
+    _peer: TransformersDecoder | None = None  # built on first use
 
-    def drafter_for(self, name: str) -> Any:
+    def generate(self, prompt: Prompt, settings: Settings, ending: Ending, should_stop: Callable[[], bool],
+                 cache_key: str | None = None) -> GenerationResult:
+        """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
+        document) selects the KV cache and greedy chain to reuse and keep."""
+        from decoding import GenerationConfig
+
+        engine = self.engine
+        engine.prefix_cache.resize(settings.kv_cache_mb * MB)
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens,
+                                  stop_at_newline=ending.stop_at_newline,
+                                  reuse_continuation=settings.type_ahead, required_prefix=prompt.healed,
+                                  stop_strings=prompt.stop_strings,
+                                  stop_when=ending.cut if ending.multiline else None)
+        ids = list(prompt.ids)
+        if settings.decoder == "transformers":
+            return self.peer().generate(ids, config, settings.drafter, cancel=should_stop)
+        return engine.generate(ids, config, self.drafter_for(settings.drafter), cancel=should_stop,
+                               cache_key=cache_key if settings.kv_cache_mb > 0 else None)
+
+    def forget(self, uri: str) -> None:
+        """``uri`` was closed: the drafter drops its sources and caches for it (worker thread)."""
+        if self.drafter is not None:
+            self.drafter.forget(uri)
+
+    def drafter_for(self, name: str) -> Drafter | None:
         """The drafter named ``name``; built once and kept, because it learns across requests."""
         if name != self.drafter_name:
             from decoding.drafters import make_drafter
@@ -67,13 +90,13 @@ class Runtime:
             self.drafter_name = name
         return self.drafter
 
-    def ngram_source(self) -> Any:
+    def ngram_source(self) -> NgramDrafter | None:
         """The n-gram drafter that takes other open documents as sources, if the drafter has one.
         Not thread-safe: call it on the worker thread only."""
         return getattr(self.drafter, "ngram", None) or (
             self.drafter if hasattr(self.drafter, "set_source") else None)
 
-    def peer(self) -> Any:
+    def peer(self) -> TransformersDecoder:
         if self._peer is None:
             from decoding.transformers_peer import TransformersDecoder
 
@@ -161,14 +184,16 @@ class ModelHost:
         self._generation = 0
         self.state = ModelState()
         self.sources = DraftSources()
-        # Per document, the last request's prompt: its length in tokens and the healed text its
-        # answer had to begin with; what the greedy chain holds past that is the suggestion.
-        self._asked: dict[str, tuple[int, str]] = {}
         self.prefetching = False  # a decode ahead is running on the worker (shown in the stats)
 
     @property
     def ready(self) -> bool:
         return self._runtime is not None
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The runtime to decode with (None while none is loaded); hold on to it for a request."""
+        return self._runtime
 
     async def load(self, settings: Settings,
                    report: Callable[[str], None] | None = None) -> ModelState | None:
@@ -224,62 +249,29 @@ class ModelHost:
         return runtime.engine.prefix_cache.snapshot() if runtime is not None else None
 
     def forget(self, uri: str) -> None:
-        """The document was closed: drop its KV cache (the worker may still hold it until its job ends)."""
-        self._asked.pop(uri, None)
+        """The document was closed: drop its KV cache, even one a decode holds right now."""
         runtime = self._runtime
         if runtime is not None:
             runtime.engine.prefix_cache.drop(uri)
 
-    def generate(self, prompt: Prompt | Callable[[Tokens], Prompt], settings: Settings, stop_at_newline: bool,
-                 should_stop: Callable[[], bool], cache_key: str | None = None,
-                 stop_when: Callable[[str], int | None] | None = None) -> Decoded | None:
-        """Decode on the worker thread; None when no model is loaded (it was unloaded meanwhile).
-
-        ``prompt`` is a prompt, or a function that builds one with this model's tokenizer (it
-        runs here, so the ids always come from the model that decodes them). ``cache_key`` (the
-        document) selects the KV cache and greedy chain to reuse and keep; ``stop_when`` ends the
-        text where the caller says (a block's end).
-        """
+    def forget_on_worker(self, uri: str) -> None:
+        """The document was closed: its draft sources and the drafter's state for it (worker thread)."""
         runtime = self._runtime
-        if runtime is None:
-            return None
-        from decoding import GenerationConfig
+        self.sources.forget(uri)
+        if runtime is not None:
+            runtime.forget(uri)
 
-        engine = runtime.engine
-        engine.prefix_cache.resize(settings.kv_cache_mb * MB)
-        started = time.perf_counter()
-        if callable(prompt):
-            if runtime.tokens is None:
-                runtime.tokens = Tokens.for_engine(engine)
-            prompt = prompt(runtime.tokens)
-        if prompt.ids is not None:
-            ids = list(prompt.ids)
-        else:
-            ids = fit_tokens(prompt.text, engine.encode, settings.context_tokens)
-        prompt_ms = (time.perf_counter() - started) * 1000
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=stop_at_newline,
-                                  reuse_continuation=settings.type_ahead, required_prefix=prompt.healed,
-                                  stop_strings=prompt.stop_strings, stop_when=stop_when)
-        if settings.decoder == "transformers":
-            result = runtime.peer().generate(ids, config, settings.drafter, cancel=should_stop)
-        else:
-            result = engine.generate(ids, config, runtime.drafter_for(settings.drafter), cancel=should_stop,
-                                     cache_key=cache_key if settings.kv_cache_mb > 0 else None)
-            if cache_key is not None:
-                self._asked[cache_key] = (result.stats.prompt_tokens, prompt.healed)  # as fitted
-        return Decoded(result, prompt_ms, prompt)
-
-    def _decoded_lines_ahead(self, engine: Any, uri: str, tokens: list[int], greedy_from: int) -> int:
+    @staticmethod
+    def _decoded_lines_ahead(engine: SpeculativeEngine, chain: Chain) -> int:
         """Line ends the greedy chain holds past what the user has typed (the last prompt and
         its healed text, which may itself hold a line end: a line start is healed)."""
-        prompt_len, healed = self._asked.get(uri, (greedy_from, ""))
-        if prompt_len > len(tokens):
-            prompt_len, healed = greedy_from, ""
-        ahead = engine.decode(tokens[prompt_len:])
-        return ahead.removeprefix(healed).count("\n")
+        asked, owed = chain.greedy_from or len(chain.tokens), ""
+        if chain.asked is not None and chain.asked.prompt_tokens <= len(chain.tokens):
+            asked, owed = chain.asked.prompt_tokens, chain.asked.owed
+        return engine.decode(chain.tokens[asked:]).removeprefix(owed).count("\n")
 
     def background(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str | None,
-                   should_stop: Callable[[], bool]) -> Any:
+                   should_stop: Callable[[], bool]) -> GenerationResult | None:
         """Idle-time work on the worker: index changed documents as draft sources, then decode the
         line after ``uri``'s suggestion so that accepting it and moving on is answered at once.
         Returns the prefetch's result, or None when nothing was decoded."""
@@ -293,16 +285,15 @@ class ModelHost:
         if not (wanted and uri) or should_stop():
             return None
         chain = engine.prefix_cache.chain(uri)
-        if chain is None or chain[1] is None:
+        if chain is None or chain.greedy_from is None:
             return None
-        tokens, greedy_from = chain
-        if self._decoded_lines_ahead(engine, uri, tokens, greedy_from) >= PREFETCH_LINES:
+        if self._decoded_lines_ahead(engine, chain) >= PREFETCH_LINES:
             return None  # already decoded ahead
         from decoding import GenerationConfig
 
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=True)
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=True, ahead=True)
         self.prefetching = True
         try:
-            return engine.generate(tokens, config, drafter, cancel=should_stop, cache_key=uri)
+            return engine.generate(chain.tokens, config, drafter, cancel=should_stop, cache_key=uri)
         finally:
             self.prefetching = False

@@ -146,8 +146,6 @@ def create_server(cli: Layered) -> CompletionServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: CompletionServer, params: types.DidCloseTextDocumentParams) -> None:
-        for kind in ("inline", "completion"):  # nobody wants a completion for a closed document
-            ls.scheduler.supersede(f"{kind}:{params.text_document.uri}")
         ls.service.forget(params.text_document.uri)
 
     @server.command(ACCEPTED_COMMAND)  # pygls checks the arguments against the signature

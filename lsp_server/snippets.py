@@ -86,6 +86,11 @@ class SnippetIndex:
             self._cache.move_to_end(key)
         return cached
 
+    def forget(self, uri: str) -> None:
+        """``uri`` was closed: its windows go now rather than when newer ones push them out."""
+        for key in [key for key in self._cache if key[0] == uri]:
+            del self._cache[key]
+
     def choose(self, query: str, documents: Sequence[OpenDocument], count: int,
                exclude: str = "") -> list[Snippet]:
         """Up to ``count`` snippets most similar to ``query``, best first; none whose text is in

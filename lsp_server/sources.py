@@ -15,6 +15,7 @@ stream, and re-indexing it on every keystroke would cost more than it drafts.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,9 @@ class DraftSources:
     # uri -> (version, tokens indexed), least recently changed first
     _indexed: OrderedDict[str, tuple[int | None, int]] = field(default_factory=OrderedDict)
     _accepted: list[str] = field(default_factory=list)  # waiting to be indexed
-    _drafter_id: int | None = None
+    # The drafter indexed into, by weak reference: a new drafter (the setting changed, a model
+    # reload) starts over, and an id() could be reused by one built where a freed one was.
+    _drafter: weakref.ref | None = None
     accepted_tokens: int = 0  # indexed from accepted suggestions since the drafter was built
 
     # -- any thread (the event loop records, the worker indexes) -------------------------------------
@@ -56,6 +59,10 @@ class DraftSources:
                 "max_total_tokens": self.max_total_tokens, "accepted_tokens": self.accepted_tokens}
 
     # -- worker side -------------------------------------------------------------------------------------
+    def forget(self, uri: str) -> None:
+        """``uri`` was closed (the drafter itself is told by its ``forget``): not indexed any more."""
+        self._indexed.pop(uri, None)
+
     def sync(self, ngram: Any, documents: Mapping[str, DocumentSnapshot], exclude: str | None,
              encode: Callable[[str], Sequence[int]], should_stop: Callable[[], bool]) -> int:
         """Bring ``ngram``'s extra sources in line with ``documents``; how many were (re)indexed.
@@ -64,9 +71,9 @@ class DraftSources:
         """
         if ngram is None:
             return 0
-        if id(ngram) != self._drafter_id:  # a new drafter (the drafter setting changed): start over
+        if self._drafter is None or self._drafter() is not ngram:  # a new drafter: start over
             self._indexed.clear()
-            self._drafter_id, self.accepted_tokens = id(ngram), 0
+            self._drafter, self.accepted_tokens = weakref.ref(ngram), 0
         while self._accepted:
             tokens = encode(self._accepted.pop(0))
             ngram.add_accepted(tokens)

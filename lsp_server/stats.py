@@ -36,7 +36,7 @@ class ServerStats:
     """Request outcomes and decoding totals since the server started.
 
     Every completion request ends in exactly one of: a non-empty answer, ``empty`` (which
-    includes ``superseded`` and ``failed`` answers), ``cancelled`` (answered with
+    includes ``superseded``, ``mid_word`` and ``failed`` answers), ``cancelled`` (answered with
     RequestCancelled) or ``errors`` (an LSP error such as InvalidParams).
     """
 
@@ -44,6 +44,7 @@ class ServerStats:
     answered: int = 0
     cancelled: int = 0
     superseded: int = 0
+    mid_word: int = 0  # answered empty without decoding: a word character follows the cursor
     failed: int = 0
     empty: int = 0
     errors: int = 0
@@ -101,6 +102,7 @@ class ServerStats:
             "answered": self.answered,
             "cancelled": self.cancelled,
             "superseded": self.superseded,
+            "mid_word": self.mid_word,
             "failed": self.failed,
             "empty": self.empty,
             "errors": self.errors,

@@ -82,7 +82,9 @@ async def test_fifty_rapid_requests_with_edits_are_all_answered_and_only_the_new
     assert all(answer.items == () for answer in answers[:-1])
     after = await settled(client, before, decodes=1)
     assert delta(before, after, "requests") == delta(before, after, "answered") == 50
-    assert delta(before, after, "superseded") == 49
+    # Each stale request was superseded by the next, or, if the next keystrokes had already
+    # reached the server when it was looked at, answered at once: its cursor is mid-word now.
+    assert delta(before, after, "superseded") + delta(before, after, "mid_word") == 49
     assert delta(before, after, "decodes") == 1 and reasons(before, after).get("cancelled", 0) == 0
     if answers[-1].items:
         assert answers[-1].items[0].range.start == types.Position(0, len(line))

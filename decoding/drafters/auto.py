@@ -40,6 +40,11 @@ class AutoDrafter:
         if self.model is not None:
             self.model.begin(prompt, sampling, generator, session)
 
+    def forget(self, session: str) -> None:
+        self.ngram.forget(session)
+        if self.model is not None:
+            self.model.forget(session)
+
     def _probe(self, key: str) -> bool:
         self._skipped[key] = self._skipped.get(key, 0) + 1
         if self._skipped[key] >= self.PROBE_EVERY:

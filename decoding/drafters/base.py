@@ -46,3 +46,6 @@ class Drafter(Protocol):
 
     def observe(self, draft: Draft, accepted: int) -> None:
         """``accepted`` of the draft's tokens were kept by the target."""
+
+    def forget(self, session: str) -> None:
+        """The session (a closed document) is over: drop whatever is kept for it."""

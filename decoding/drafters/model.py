@@ -36,6 +36,7 @@ class ModelDrafter:
         self._cache: Any = None  # the draft's ModelPass cache
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
         self._session: str | None = None
+        self._ticket: int | None = None  # the live session's loan from ``sessions``
         self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams,
@@ -44,10 +45,17 @@ class ModelDrafter:
         if session is None or session == self._session:
             return
         if self._session is not None and self._cache is not None:
-            self.sessions.put(self._session, self._cached, self._cache)
+            self.sessions.put(self._session, self._cached, self._cache, ticket=self._ticket)
         self._session = session
         borrowed = self.sessions.take(session, prompt)
         self._cache, self._cached = borrowed.cache, list(prompt[:borrowed.reused])
+        self._ticket = borrowed.ticket
+
+    def forget(self, session: str) -> None:
+        """The session's document was closed: its cache, parked or live, is dropped."""
+        self.sessions.drop(session)
+        if session == self._session:
+            self._session, self._cache, self._cached, self._ticket = None, None, [], None
 
     @property
     def relative_cost(self) -> float:

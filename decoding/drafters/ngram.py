@@ -152,6 +152,10 @@ class NgramDrafter:
               generator: torch.Generator | None, session: str | None = None) -> None:
         self._live.sync(prompt)
 
+    def forget(self, session: str) -> None:
+        """The session's document was closed: it is no longer a source."""
+        self.remove_source(session)
+
     def lookup(self, tokens: Sequence[int], max_len: int) -> Match | None:
         """The longest, most recent earlier occurrence of the sequence's suffix, and what followed it."""
         if max_len <= 0:
