@@ -265,3 +265,49 @@ def test_the_growing_cache_gives_the_stock_caches_logits_through_appends_and_cro
     assert cache_length(stock) > 40 + GrowingLayer.SPARE  # it had to grow at least once
     assert 1 <= reallocations <= 3  # ...but not on every pass
     assert cache_nbytes(growing) >= cache_nbytes(stock)  # the spare room is counted against the budget
+
+
+def test_dropping_a_key_while_its_cache_is_lent_keeps_nothing_the_generation_gives_back(target):
+    store = PrefixCache(64 * MB)
+    engine = SpeculativeEngine(loaded(target), prefix_cache=store)
+    prompt = [random.Random(3).randrange(TINY_VOCAB) for _ in range(30)]
+    engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="doc")
+    closed = {"done": False}
+
+    def close_mid_decode() -> bool:  # the document is closed while the engine holds its cache
+        if not closed["done"] and store.snapshot()["lent"] == 1:
+            store.drop("doc")
+            closed["done"] = True
+        return False
+
+    engine.generate(prompt + [1], GenerationConfig(max_new_tokens=4), cancel=close_mid_decode, cache_key="doc")
+    assert closed["done"] and store.snapshot()["entries"] == 0 and store.snapshot()["lent"] == 0
+    engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="doc")  # reopened: kept again
+    assert store.snapshot()["entries"] == 1
+
+
+def test_the_cache_remembers_the_last_request_and_decoding_ahead_keeps_it(target):
+    store = PrefixCache(64 * MB)
+    engine = SpeculativeEngine(loaded(target), prefix_cache=store)
+    prompt = [random.Random(4).randrange(TINY_VOCAB) for _ in range(20)]
+    engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="doc")
+    chain = store.chain("doc")
+    assert chain.asked.prompt_tokens == len(prompt) and chain.greedy_from == len(prompt)
+    engine.generate(chain.tokens, GenerationConfig(max_new_tokens=4, ahead=True), cache_key="doc")
+    ahead = store.chain("doc")
+    assert len(ahead.tokens) > len(chain.tokens) and ahead.asked == chain.asked
+
+
+def test_a_closed_session_drops_the_draft_models_cache_parked_or_live(target, draft):
+    engine = SpeculativeEngine(loaded(target))
+    drafter = make_drafter("model", draft_model=loaded(draft), cost=engine.cost, session_cache_bytes=64 * MB)
+    a = [random.Random(7).randrange(TINY_VOCAB) for _ in range(30)]
+    b = [random.Random(8).randrange(TINY_VOCAB) for _ in range(30)]
+    config = GenerationConfig(max_new_tokens=6)
+    engine.generate(a, config, drafter, cache_key="a")
+    engine.generate(b, config, drafter, cache_key="b")
+    drafter.forget("a")  # parked
+    drafter.forget("b")  # live
+    assert drafter.sessions.snapshot()["entries"] == 0 and drafter.cached_tokens() == []
+    engine.generate(a + [3], config, drafter, cache_key="a")
+    assert drafter.sessions.stats.reused_tokens == 0  # nothing of a was left to reuse

@@ -98,3 +98,27 @@ async def test_a_request_preempts_idle_time_decoding(client):
     else:
         pytest.fail("every decode ahead ended before the next request; none to pre-empt")
     assert after["preempted"] > before["preempted"]
+
+
+async def test_closing_a_document_mid_decode_leaves_nothing_of_it_behind(client):
+    await h.configure(client, {"maxNewTokens": 400, "debounceMs": 0, "timeBudgetMs": 0, "prefetch": False})
+    uri = "file:///work/closed_mid_decode.py"
+    text = "values = ["
+    h.open_document(client, text, uri=uri)
+    before = await h.stats(client)
+    running = asyncio.ensure_future(
+        client.text_document_inline_completion_async(h.inline_params(0, len(text), uri)))
+    await eventually(client, lambda s: s["kv_cache"]["lent"] > before["kv_cache"]["lent"], "the decode")
+    client.text_document_did_close(types.DidCloseTextDocumentParams(
+        text_document=types.TextDocumentIdentifier(uri=uri)))
+    assert (await asyncio.wait_for(running, h.ANSWER_TIMEOUT_S)).items == ()  # superseded by the close
+    after = await eventually(client, lambda s: s["kv_cache"]["lent"] == before["kv_cache"]["lent"],
+                             "the decode giving its cache back")
+    assert after["kv_cache"]["entries"] == before["kv_cache"]["entries"]  # its cache was not kept
+    # Reopened with the same text, the request is a new one: nothing was remembered of the old.
+    h.open_document(client, text, uri=uri)
+    await h.configure(client, {"maxNewTokens": 4, "debounceMs": 0, "timeBudgetMs": 0, "prefetch": False})
+    await h.inline(client, 0, len(text), uri=uri)
+    again = await h.stats(client)
+    assert again["reuse"]["repeated"] == before["reuse"]["repeated"]
+    assert again["kv_cache"]["reused_tokens"] == after["kv_cache"]["reused_tokens"]  # prefilled afresh

@@ -84,3 +84,27 @@ def test_draft_sources_follow_the_open_documents_within_their_budget():
     fresh = RecordingNgram()
     sources.sync(fresh, docs, exclude=None, encode=encode, should_stop=lambda: True)
     assert fresh.sources == {}
+
+
+def test_draft_sources_reindex_into_the_drafter_a_reload_builds():
+    """A reload frees the old drafter and builds a new one (which CPython may put at the freed
+    one's address: the sources know their drafter by a weak reference, not by ``id()``)."""
+    sources = DraftSources()
+    docs = {"doc1": DocumentSnapshot(1, "def helper(): pass")}
+    old = RecordingNgram()
+    sources.sync(old, docs, exclude=None, encode=encode, should_stop=lambda: False)
+    sources.sync(old, docs, exclude=None, encode=encode, should_stop=lambda: False)
+    del old
+    new = RecordingNgram()
+    assert sources.sync(new, docs, exclude=None, encode=encode, should_stop=lambda: False) == 1
+    assert new.sources == {"doc1": encode("def helper(): pass")}
+    assert sources.sync(new, docs, exclude=None, encode=encode, should_stop=lambda: False) == 0
+
+
+def test_a_closed_document_stops_being_a_draft_source():
+    sources = DraftSources()
+    ngram = RecordingNgram()
+    docs = {"doc1": DocumentSnapshot(1, "one"), "doc2": DocumentSnapshot(1, "two")}
+    sources.sync(ngram, docs, exclude=None, encode=encode, should_stop=lambda: False)
+    sources.forget("doc1")
+    assert sources.snapshot()["documents"] == 1
