@@ -3,13 +3,12 @@
 Decoding feeds the target one token per pass, and speculative verification 2-9; there PyTorch's
 ``linear`` (MKL's sgemm with the weight transposed, or its gemv for a single row) is far from what
 the memory bandwidth allows. The same product computed as ``weight @ x.T`` takes another MKL path,
-measured on the 2-core CPU with SmolLM2-135M in fp32:
+several times faster for a few rows (``benchmarks/README.md``, "Measurements behind design
+choices", has the figures for SmolLM2-135M in fp32):
 
-- 2 rows through a 576x1536 layer: 0.15 against 0.41 ms; through the 49152-row output layer:
-  5 against 17 ms. Passes over 2-5 tokens went from 1.7-2.1 single-token steps to 1.05-1.3.
+- 2-9 rows: ``weight @ x.T``; passes over 2-5 tokens then cost little more than one token's.
 - 1 row: no faster as ``weight @ x.T``, but two copies of it are, for layers wider than they
-  are tall (576x1536: 0.15 against 0.24 ms; output layer: 4.7 against 7.5 ms), so a single row
-  is doubled there. A decode step went from ~51 to ~47.5 ms.
+  are tall, so a single row is doubled there.
 - Long passes (prefill) are faster with ``linear``, and are left to it.
 
 No library makes this choice (it is a property of one BLAS on one kind of CPU), so it is a few

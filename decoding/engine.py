@@ -231,7 +231,7 @@ class SpeculativeEngine:
 
     @functools.cached_property
     def healing_index(self) -> HealingIndex:
-        """Every token's bytes, for token healing: built once per engine (~0.1 s for 49k tokens)."""
+        """Every token's bytes, for token healing: built once per engine, at load."""
         return HealingIndex.for_tokenizer(self.target.tokenizer, self.target.vocab_size)
 
     # -- helpers ------------------------------------------------------------------------------

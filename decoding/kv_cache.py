@@ -47,8 +47,8 @@ class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends into spare capacity instead of concatenating.
 
     The stock layer ``torch.cat``s the whole cache on every pass: on the CPU that copy of every
-    layer's keys and values was 10% of a decode step's profile at a 448-token context (~2 ms of
-    ~50), and it grows with the context. Here keys and values are views of a buffer with room
+    layer's keys and values was 10% of a decode step's profile at a 448-token context, and it
+    grows with the context. Here keys and values are views of a buffer with room
     to spare, so a pass writes only its new rows; the buffer is reallocated (by a quarter, at
     least ``SPARE`` tokens) when it is full. Cropping stays the stock view-slicing: the rows
     past the view are simply overwritten by the next update. transformers has no such layer

@@ -240,7 +240,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
-    them from the file takes ~7 s, the cached copy well under one)."""
+    them from the file takes seconds, the cached copy a fraction of one)."""
     transformers = _import_transformers()
     target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
     if (target / "config.json").is_file():

@@ -30,15 +30,10 @@ def rows_text(rows: Sequence[int] | set[int], lines: Sequence[str]) -> str:
     return "".join(lines[r] for r in sorted(rows))
 
 
-def select_rows(outline: Outline, lines: Sequence[str], count: Callable[[str], int], budget: int) -> set[int]:
-    """The rows (before ``outline.cursor_row``) to show, within ``budget`` tokens."""
-    cursor_row = outline.cursor_row
-    header = {r for r in outline.header if r < cursor_row}
-    if count(rows_text(header, lines)) > budget:
-        return nearest_rows(sorted(header), lines, count, budget)
-    rows = set(header)
-    left = budget - count(rows_text(rows, lines))
-
+def _add_imports(outline: Outline, lines: Sequence[str], count: Callable[[str], int], budget: int,
+                 rows: set[int], left: int) -> int:
+    """Add whole import statements to ``rows``, within ``IMPORT_SHARE`` of the budget; the tokens
+    left."""
     imports_left = int(budget * IMPORT_SHARE)
     for unit in outline.units:
         if unit.is_import:
@@ -47,7 +42,17 @@ def select_rows(outline: Outline, lines: Sequence[str], count: Callable[[str], i
                 rows |= _unit_rows(unit, lines)
                 left -= cost
                 imports_left -= cost
+    return left
 
+
+def select_rows(outline: Outline, lines: Sequence[str], count: Callable[[str], int], budget: int) -> set[int]:
+    """The rows (before ``outline.cursor_row``) to show, within ``budget`` tokens."""
+    cursor_row = outline.cursor_row
+    header = {r for r in outline.header if r < cursor_row}
+    if count(rows_text(header, lines)) > budget:
+        return nearest_rows(sorted(header), lines, count, budget)
+    rows = set(header)
+    left = _add_imports(outline, lines, count, budget, rows, budget - count(rows_text(rows, lines)))
     queue: list[tuple[int, int, Unit]] = []
     order = 0
     for unit in outline.units:

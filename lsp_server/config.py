@@ -17,13 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from lsp_server.ending import MULTILINE_MODES
+from lsp_server.fim import SETTING_NAMES as FIM_STYLES
+from lsp_server.fim import is_valid_setting as is_fim_setting
+
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
-MULTILINE_MODES = ("auto", "never", "always")  # == lsp_server.ending.MULTILINE_MODES
-FIM_STYLES = ("auto", "none", "starcoder", "qwen", "deepseek", "codellama")  # == lsp_server.fim.SETTING_NAMES
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
 
@@ -38,7 +40,7 @@ class Settings:
     dtype: str = "auto"
     quantization: str = "auto"  # auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize
     max_new_tokens: int = 64
-    context_tokens: int = 512  # CPU prefill: ~1 s for 512 tokens, ~2 s for 1024 (the whole default budget)
+    context_tokens: int = 512  # a cold prefill's cost grows with it (benchmarks/README.md)
     debounce_ms: int = 50
     time_budget_ms: int = 2000
     enabled: bool = True
@@ -117,7 +119,7 @@ def _multiline(value: Any) -> str:
 
 
 def _fim_template(value: Any) -> str:
-    if isinstance(value, str) and (value in FIM_STYLES or ("{prefix}" in value and "{suffix}" in value)):
+    if isinstance(value, str) and is_fim_setting(value):
         return value
     raise SettingError(f"expected one of {', '.join(FIM_STYLES)}, "
                        "or a template with {prefix} and {suffix}")

@@ -87,17 +87,21 @@ EXTENSIONS: dict[str, str] = {
 }
 
 
+def uri_path(uri: str) -> str:
+    """The path part of a URI (percent-decoded); a plain path or an unparsable URI as it is."""
+    try:
+        return unquote(urlparse(uri).path) if "://" in uri else uri
+    except ValueError:
+        return uri
+
+
 def detect(language_id: str | None, uri: str = "") -> LanguageSpec:
     """The language for a document: its languageId, else its extension, else plain text."""
     if language_id:
         name = LANGUAGE_IDS.get(language_id.strip().lower())
         if name:
             return SPECS[name]
-    try:
-        path = unquote(urlparse(uri).path) if "://" in uri else uri
-    except ValueError:
-        path = uri
-    ext = posixpath.splitext(path.lower())[1]
+    ext = posixpath.splitext(uri_path(uri).lower())[1]
     return SPECS.get(EXTENSIONS.get(ext, "text"), PLAIN)
 
 

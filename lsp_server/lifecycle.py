@@ -11,25 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 from lsprotocol import types
+from pygls.lsp.server import LanguageServer
 
 from lsp_server.config import Settings
-
-if TYPE_CHECKING:
-    from lsp_server.server import CompletionServer
+from lsp_server.model_host import ModelHost
 
 log = logging.getLogger(__name__)
 CREATE_TIMEOUT_S = 5.0
 
 
-def _supports_progress(ls: CompletionServer) -> bool:
+def _supports_progress(ls: LanguageServer) -> bool:
     window = ls.client_capabilities.window if ls.client_capabilities else None
     return bool(window and window.work_done_progress)
 
 
-async def _create_token(ls: CompletionServer) -> str | None:
+async def _create_token(ls: LanguageServer) -> str | None:
     if not _supports_progress(ls):
         return None
     token = f"lsp_server/load/{uuid.uuid4().hex[:12]}"
@@ -41,7 +39,7 @@ async def _create_token(ls: CompletionServer) -> str | None:
     return token
 
 
-async def load_model(ls: CompletionServer, settings: Settings) -> None:
+async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) -> None:
     """Load ``settings``' model in the background and tell the user how it went."""
     describe = f"{settings.model} (device {settings.device}, dtype {settings.dtype}" + (
         f", draft {settings.draft_model})" if settings.draft_model else ")")
@@ -59,7 +57,7 @@ async def load_model(ls: CompletionServer, settings: Settings) -> None:
             progress.report(token, types.WorkDoneProgressReport(message=message))
 
     report(f"loading {settings.model}: reading weights")
-    state = await ls.host.load(settings, report)
+    state = await host.load(settings, report)
     if state is None:  # a newer load (settings changed again) took over
         if token is not None:
             progress.end(token, types.WorkDoneProgressEnd(message="superseded by a newer load"))

@@ -1,14 +1,15 @@
 """The loaded model, its engine and drafter, and their lifecycle (background load, reload, failure).
 
-Loading takes seconds to minutes (importing torch alone takes ~2 s, a first GGUF conversion
-~30 s), so it runs on its own daemon thread and the server answers empty meanwhile. Decoding runs
-only on the scheduler's worker thread, which is the one thread that ever touches the engine and
-its drafter; a reload swaps the reference, and a decode already running finishes on the old one.
+Loading takes seconds to minutes (importing torch alone takes seconds), so it runs on its own
+daemon thread and the server answers empty meanwhile. Decoding runs only on the scheduler's worker
+thread, which is the one thread that ever touches the engine and its drafter; a reload swaps the
+reference, and a decode already running finishes on the old one.
 ``decoding`` (and so torch) is imported on those threads, never on the event loop.
 
 Across requests the runtime keeps each document's KV cache and greedy chain (``PrefixCache``,
-keyed by the document's URI) and the n-gram drafter's extra sources (``DraftSources``); when the
-worker is idle, ``background`` indexes changed documents and decodes ahead (prefetch).
+keyed by the document's URI, which also records the document's latest request) and the n-gram
+drafter's extra sources (``DraftSources``); when the worker is idle, ``background`` indexes
+changed documents and decodes ahead (prefetch).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class CompletionServer(LanguageServer):
 
     def start_load(self) -> None:
         self.service.memory.clear()  # answers of the previous model must not be replayed
-        self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.settings))
+        self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.host, self.settings))
 
     # -- process lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -117,6 +117,13 @@ def _completion_items(found: Completion | None) -> types.CompletionList:
 
 def create_server(cli: Layered) -> CompletionServer:
     server = CompletionServer(cli)
+    _session_features(server)
+    _completion_features(server)
+    return server
+
+
+def _session_features(server: CompletionServer) -> None:
+    """Initialization, settings, document close, stats and the shutdown sequence."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CompletionServer, params: types.InitializeParams) -> None:
@@ -148,6 +155,28 @@ def create_server(cli: Layered) -> CompletionServer:
     def did_close(ls: CompletionServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.service.forget(params.text_document.uri)
 
+    @server.feature(STATS_METHOD)
+    def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
+        snapshot = ls.stats.snapshot()
+        snapshot["prefetch"]["running"] = ls.host.prefetching
+        return {**snapshot, "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
+                "kv_cache": ls.host.cache_snapshot(), "draft_sources": ls.host.sources.snapshot(),
+                "position_encoding": _value(ls.workspace.position_encoding), "version": __version__}
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: CompletionServer, params: Any) -> None:
+        # pygls then cancels every other request in flight, and each is answered RequestCancelled.
+        ls.shutdown_requested = True
+        ls.scheduler.close(timeout_s=0.0)
+
+    @server.feature(types.EXIT)
+    def exit_(ls: CompletionServer, params: Any) -> None:
+        ls.exit_code = 0 if ls.shutdown_requested else 1  # the spec's exit codes
+
+
+def _completion_features(server: CompletionServer) -> None:
+    """Inline completion (ghost text), the completion-list fallback, and the accepted command."""
+
     @server.command(ACCEPTED_COMMAND)  # pygls checks the arguments against the signature
     def accepted(ls: CompletionServer, uri: str, text: str) -> None:
         ls.service.accepted(uri, text)
@@ -168,26 +197,6 @@ def create_server(cli: Layered) -> CompletionServer:
         found = await ls.service.complete("completion", uri, open_document(ls.workspace, uri),
                                           params.position, invoked=invoked)
         return _completion_items(found)
-
-    @server.feature(STATS_METHOD)
-    def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
-        snapshot = ls.stats.snapshot()
-        snapshot["prefetch"]["running"] = ls.host.prefetching
-        return {**snapshot, "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
-                "kv_cache": ls.host.cache_snapshot(), "draft_sources": ls.host.sources.snapshot(),
-                "position_encoding": _value(ls.workspace.position_encoding), "version": __version__}
-
-    @server.feature(types.SHUTDOWN)
-    def shutdown(ls: CompletionServer, params: Any) -> None:
-        # pygls then cancels every other request in flight, and each is answered RequestCancelled.
-        ls.shutdown_requested = True
-        ls.scheduler.close(timeout_s=0.0)
-
-    @server.feature(types.EXIT)
-    def exit_(ls: CompletionServer, params: Any) -> None:
-        ls.exit_code = 0 if ls.shutdown_requested else 1  # the spec's exit codes
-
-    return server
 
 
 def _value(enum_or_str: Any) -> Any:

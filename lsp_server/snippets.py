@@ -19,7 +19,8 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
+
+from lsp_server.languages import uri_path
 
 WINDOW_LINES = 12
 WINDOW_STEP = 6
@@ -133,11 +134,7 @@ def _contained(text: str, haystack: str) -> bool:
 
 def display_path(uri: str) -> str:
     """A short name for a document in a snippet's header: its last two path components."""
-    try:
-        path = unquote(urlparse(uri).path) if "://" in uri else uri
-    except ValueError:
-        path = uri
-    parts = [p for p in path.split("/") if p]
+    parts = [p for p in uri_path(uri).split("/") if p]
     return posixpath.join(*parts[-2:]) if parts else uri
 
 

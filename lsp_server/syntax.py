@@ -1,8 +1,8 @@
 """Syntax trees for open documents: parsed with tree-sitter, re-parsed incrementally, windowed.
 
-Measured on the 2-core machine (under load from other work), through ``ParseCache`` (diff
-included), inserting a line mid-file: ``argparse.py`` (97 KB) parses in ~35 ms and re-parses in
-~1.5 ms; ``typing.py`` (117 KB) ~32 ms and ~11 ms; a 9 MB file takes ~5.7 s to parse at all. So:
+A full parse of a large file costs tens of milliseconds and a multi-megabyte one seconds, while an
+incremental re-parse after a small edit costs a fraction of that (``benchmarks/README.md``,
+"Measurements behind design choices", has the figures). So:
 
 - Each document keeps its last tree and bytes; the next request diffs the new bytes against them
   (common prefix and suffix, compared in chunks at memcmp speed), tells the old tree about the

@@ -280,7 +280,8 @@ def test_dropping_a_key_while_its_cache_is_lent_keeps_nothing_the_generation_giv
             closed["done"] = True
         return False
 
-    engine.generate(prompt + [1], GenerationConfig(max_new_tokens=4), cancel=close_mid_decode, cache_key="doc")
+    engine.generate(prompt + [1], GenerationConfig(max_new_tokens=4), cancel=close_mid_decode,
+                    cache_key="doc")
     assert closed["done"] and store.snapshot()["entries"] == 0 and store.snapshot()["lent"] == 0
     engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="doc")  # reopened: kept again
     assert store.snapshot()["entries"] == 1

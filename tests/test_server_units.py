@@ -87,13 +87,6 @@ def test_to_lsp_uses_the_documented_names():
         "fimTemplate", "neighborSnippets", "tokenHealing"}
 
 
-def test_the_context_setting_names_match_their_modules():
-    from lsp_server import ending, fim
-
-    assert config.MULTILINE_MODES == ending.MULTILINE_MODES
-    assert config.FIM_STYLES == fim.SETTING_NAMES
-
-
 def test_multiline_takes_a_mode_or_the_old_booleans_and_fim_a_style_or_a_template():
     layered = config.layer(config.Settings(), config.Settings(), {"multiline": True})
     assert layered.settings.multiline == "always" and not layered.problems

@@ -73,7 +73,7 @@ class QuantizedHead(torch.nn.Module):
     """The output layer on 4-bit terms, with exact fp32 logits where they decide anything.
 
     The output layer is the largest product of a step (49152 x 576 for SmolLM2): dense fp32 it
-    streams 113 MB a step (~9 ms here), on the 4-bit kernel ~1.5 ms. But the kernel returns
+    streams 113 MB a step, several times what the 4-bit kernel reads. But the kernel returns
     bf16, whose rounding of logits near 20 (steps of 1/8) changes the greedy choice at ~2.5% of
     positions. So the kernel's logits only pick the ``CANDIDATES`` most likely tokens per row,
     and those are recomputed in fp32 from the file's exact values: the greedy choice is then
