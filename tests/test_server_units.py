@@ -84,7 +84,8 @@ def test_to_lsp_uses_the_documented_names():
         "model", "draftModel", "drafter", "device", "dtype", "quantization", "maxNewTokens", "contextTokens",
         "debounceMs",
         "timeBudgetMs", "enabled", "multiline", "kvCacheMb", "typeAhead", "prefetch", "decoder", "maxLines",
-        "fimTemplate", "neighborSnippets", "tokenHealing"}
+        "fimTemplate", "neighborSnippets", "tokenHealing", "endpoint", "endpointApi", "endpointModel",
+        "apiKeyEnv", "caBundle", "allowInsecureEndpoint"}
 
 
 def test_the_context_setting_names_match_their_modules():
