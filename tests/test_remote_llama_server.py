@@ -107,6 +107,25 @@ def test_tokenize_uses_the_engines_tokenizer(llama, engines):
     assert engine.snapshot()["tokenize"] == {"requests": 2, "failed": 0, "supported": True}
 
 
+@pytest.mark.parametrize("api", APIS)
+def test_token_healing_with_the_engines_tokenizer(llama, engines, api):
+    engine = make(engines, llama.url, api)
+    ids, shorter = engine.tokenize("import os\nimport sy"), engine.tokenize("import os\nimport")
+    assert ids[: len(shorter)] == shorter and len(ids) == len(shorter) + 1  # the last token is " sy"
+    healed = engine.complete(RemoteRequest(shorter, max_tokens=8, stop=("\n",), required_prefix=" sy"))
+    assert healed.error is None and healed.stop_reason == "stop" and "\n" not in healed.text
+    if engine.constrains_prefix:  # a grammar keeps llama.cpp to " sy...": "import sys"
+        assert healed.prefix_met is True and healed.text == "s"
+    else:  # checked only: unconstrained, this model's greedy choice after "import" strays
+        assert healed.prefix_met is False and healed.text == ""
+    # a healed line start holds the stop string itself: the stop applies only after it
+    line_start = engine.complete(
+        RemoteRequest(engine.tokenize("def f(x):"), max_tokens=12, stop=("\n",), required_prefix="\n    ")
+    )
+    if engine.constrains_prefix:
+        assert line_start.prefix_met is True and line_start.text.strip()
+
+
 def test_a_suffix_falls_back_to_the_prefix_on_a_model_without_fim(llama, engines):
     engine = make(engines, llama.url, "llama.cpp")
     result = engine.complete(RemoteRequest(PROMPT, suffix=")\n", max_tokens=8, stop=("\n",)))

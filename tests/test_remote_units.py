@@ -9,6 +9,7 @@ from lsp_server import config
 from lsp_server.remote import EndpointConfig, EndpointError
 from lsp_server.remote.dialects import DIALECTS, LlamaCppDialect, OpenAIDialect, parse_tokens
 from lsp_server.remote.endpoint import insecure_reason, is_loopback, parse_base_url
+from lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
 from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILURES_FOR_OUTAGE, Health
 from lsp_server.remote.request import RemoteRequest
 from lsp_server.remote.sse import DONE, MalformedEvent, parse_line
@@ -290,3 +291,42 @@ def test_stats_percentiles_and_counters():
         "HTTP 503 error",
     )
     assert snap["ttft_ms"] == {"p50": 20.0, "p95": 40.0} and snap["ttlt_ms"] == {"p50": 40.0, "p95": 80.0}
+
+
+# -- the gate: healing's required prefix and client-side stops ------------------------------------------
+
+
+def test_the_gate_removes_the_required_prefix_and_stops_after_it():
+    gate = Gate("\n    ", ("\n",))  # a healed line start: the prefix holds the stop string itself
+    assert [gate.feed(p) for p in ("\n", "  ", "  re", "turn x", "\n", "more")] == [
+        "go",
+        "go",
+        "go",
+        "go",
+        "stop",
+        "stop",
+    ]
+    assert gate.answer == "return x" and gate.prefix_met is True
+
+
+def test_the_gate_ends_empty_when_the_text_strays_from_the_prefix():
+    gate = Gate(" sy", ("\n",))
+    assert gate.feed(" s") == "go" and gate.prefix_met is False  # not spelled out yet
+    assert gate.feed("ql") == "unmet" and gate.answer == "" and gate.prefix_met is False
+    plain = Gate("", ("\n",))
+    assert plain.feed("ab") == "go" and plain.answer == "ab" and plain.prefix_met is None
+    assert plain.feed("c\nd") == "stop" and plain.answer == "abc"
+
+
+def test_a_prefix_grammar_is_a_gbnf_literal():
+    assert gbnf_literal('a"b\\c\n\t') == '"a\\"b\\\\c\\n\\t"'
+    assert prefix_grammar("  x") == 'root ::= "  x" [^\\x00]*'
+
+
+def test_with_a_required_prefix_the_stops_are_left_to_the_gate():
+    url = parse_base_url("http://127.0.0.1:8080")
+    healed = RemoteRequest([1, 2], stop=("\n",), required_prefix="\n  ")
+    _, body = LlamaCppDialect().completion(url, healed, None, False)
+    assert "stop" not in body and body["grammar"] == prefix_grammar("\n  ")
+    _, body = OpenAIDialect().completion(url, healed, None, False)
+    assert "stop" not in body and "grammar" not in body

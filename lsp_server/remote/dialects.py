@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lsp_server.remote.endpoint import BaseUrl
+from lsp_server.remote.gate import prefix_grammar
 from lsp_server.remote.request import RemoteRequest, StopReason
 
 DIALECTS = ("openai", "llama.cpp")
@@ -62,7 +63,7 @@ class OpenAIDialect:
         }
         if request.temperature == 0:
             body["top_p"] = 1.0
-        if request.stop:
+        if request.stop and not request.required_prefix:  # else applied by the gate, after the prefix
             body["stop"] = list(request.stop)
         if model:
             body["model"] = model
@@ -118,7 +119,9 @@ class LlamaCppDialect:
         }
         if request.temperature == 0:
             body["top_k"] = 1
-        if request.stop:
+        if request.required_prefix:  # the engine itself keeps to the prefix; the gate applies the stops
+            body["grammar"] = prefix_grammar(request.required_prefix)
+        elif request.stop:
             body["stop"] = list(request.stop)
         if use_suffix and request.suffix is not None and isinstance(prompt, str):
             body.update(input_prefix=prompt, input_suffix=request.suffix, prompt="")

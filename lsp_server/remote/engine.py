@@ -21,6 +21,7 @@ import httpx2 as httpx
 from lsp_server.remote import transport
 from lsp_server.remote.dialects import Chunk, dialect, parse_tokens
 from lsp_server.remote.endpoint import EndpointConfig
+from lsp_server.remote.gate import Gate
 from lsp_server.remote.health import Health, Notice
 from lsp_server.remote.request import RemoteRequest, RemoteResult
 from lsp_server.remote.sse import DONE, MalformedEvent, parse_line
@@ -43,6 +44,12 @@ class RemoteEngine:
         self.stats = EndpointStats()
         self._use_suffix = True  # until the engine refuses one
         self._io = transport.LoopThread(config)
+
+    @property
+    def constrains_prefix(self) -> bool:
+        """Whether the engine itself keeps to a required prefix (a llama.cpp grammar). Elsewhere a
+        healed prompt is only checked, and mostly strays: send such engines the prompt unhealed."""
+        return self.config.api == "llama.cpp"
 
     def close(self) -> None:
         """Closes the pool and its loop thread; later calls answer with an error."""
@@ -114,7 +121,7 @@ class RemoteEngine:
         remaining = None if request.deadline is None else request.deadline - started
         timeout = transport.timeout_for(remaining)
         future = self._io.run(self._read(url, body, timeout, events.put))
-        result, pieces = RemoteResult(stop_reason="error"), []
+        result, gate = RemoteResult(stop_reason="error"), Gate(request.required_prefix, request.stop)
         try:
             while True:
                 if should_stop():
@@ -127,15 +134,29 @@ class RemoteEngine:
                     event = events.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
-                if self._apply(event, result, pieces, started):
+                if self._apply(event, result, started):
                     break
-                if event[0] == "chunk" and event[1].text and on_text is not None and on_text("".join(pieces)):
-                    result.stop_reason = "stop"  # the caller's own end (a block's end)
+                if self._gated(event, gate, result, on_text):
                     break
         finally:
             future.cancel()  # closes the stream at once if it is still open
-        result.text = "".join(pieces)
+        result.text, result.prefix_met = gate.answer, gate.prefix_met
         return result
+
+    @staticmethod
+    def _gated(event: tuple, gate: Gate, result: RemoteResult, on_text: Callable[[str], bool] | None) -> bool:
+        """Passes a chunk's text through the gate and ``on_text``; True when the answer is complete."""
+        if event[0] != "chunk" or not event[1].text:
+            return False
+        before = gate.answer
+        verdict = gate.feed(event[1].text)
+        if verdict != "go":
+            result.stop_reason = "stop"  # a stop string (client-side), or healing unmet (empty)
+            return True
+        if on_text is not None and gate.answer != before and on_text(gate.answer):
+            result.stop_reason = "stop"  # the caller's own end (a block's end)
+            return True
+        return False
 
     async def _read(
         self, url: str, body: dict[str, Any], timeout: httpx.Timeout, emit: Callable[[tuple], None]
@@ -159,7 +180,7 @@ class RemoteEngine:
         except Exception as exc:  # every failure becomes an answer
             emit(("error", transport.describe(exc)))
 
-    def _apply(self, event: tuple, result: RemoteResult, pieces: list[str], started: float) -> bool:
+    def _apply(self, event: tuple, result: RemoteResult, started: float) -> bool:
         """Adds one event to the result; True when the generation is over."""
         now_ms = (time.monotonic() - started) * 1000
         if event[0] == "error":
@@ -176,7 +197,6 @@ class RemoteEngine:
             result.error, result.stop_reason = f"engine error: {chunk.error}", "error"
             return True
         if chunk.text:
-            pieces.append(chunk.text)
             result.ttft_ms = result.ttft_ms if result.ttft_ms is not None else round(now_ms, 2)
             result.ttlt_ms = round(now_ms, 2)
             result.new_tokens += max(1, len(chunk.tokens))

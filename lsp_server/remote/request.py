@@ -22,6 +22,9 @@ class RemoteRequest:
     max_tokens: int = 64
     stop: tuple[str, ...] = ()  # e.g. ("\n",): the engine stops there and leaves the string out
     temperature: float = 0.0  # greedy
+    # Token healing: the generated text must begin with this (the text the prompt backed up over);
+    # the result's text is what follows it, and the stops apply there (see gate.py).
+    required_prefix: str = ""
     deadline: float | None = None  # time.monotonic() after which the request gives up (its budget)
 
 
@@ -43,6 +46,9 @@ class RemoteResult:
     http_status: int | None = None  # of a failed request, where the engine answered one
     slow: bool = False  # the error was a timeout: the engine may only be slow, not gone
     used_suffix: bool = False  # the engine was given the suffix (FIM)
+    prefix_met: bool | None = (
+        None  # None: no required prefix; False: not spelled out (strayed, or stopped first)
+    )
 
     @property
     def ok(self) -> bool:
