@@ -51,6 +51,8 @@ class Server:
         outer = self
         self.handler: Handler = lambda h, body: sse(h, llama_events("x"))
         self.seen: list[dict] = []
+        self.peers: set[tuple] = set()  # client (host, port)s: one per connection
+        self.keep_alive = False  # a stream without a length must close its connection
         self.release = threading.Event()  # ends stalls at teardown
 
         class Handle(http.server.BaseHTTPRequestHandler):
@@ -62,7 +64,8 @@ class Server:
                 outer.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     outer.handler(self, body)
-                self.close_connection = True
+                outer.peers.add(self.client_address)
+                self.close_connection = not outer.keep_alive
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -337,3 +340,42 @@ def test_tls_is_verified_and_a_ca_bundle_makes_a_private_ca_work(engines, certif
         assert "caBundle" in (missing.complete(LINE_END).error or "")
     finally:
         server.close()
+
+
+def test_one_kept_alive_connection_serves_consecutive_requests(server, engines):
+    def tokens(h, body):
+        data = json.dumps({"tokens": list(range(len(body["content"])))}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    server.handler, server.keep_alive = tokens, True
+    engine = make(engines, server.url())
+    assert [engine.tokenize("ab"), engine.tokenize("abc"), engine.tokenize("")] == [[0, 1], [0, 1, 2], []]
+    assert len(server.seen) == 3 and len(server.peers) == 1
+
+
+def test_tokenize_where_the_engine_has_none(server, engines):
+    def missing(h, body):
+        h.send_response(404)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    server.handler = missing
+    engine = make(engines, server.url(), api="openai")
+    assert engine.tokenize("x") is None and engine.tokenize("y") is None
+    assert len(server.seen) == 1  # remembered: not asked again
+    snap = engine.snapshot()
+    assert snap["tokenize"]["supported"] is False and snap["status"] == "up"
+
+
+def test_a_cancel_while_the_engine_has_not_answered_yet_returns_at_once(server, engines):
+    server.handler = lambda h, body: server.release.wait(10)  # a long prefill: no byte yet
+    engine = make(engines, server.url())
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    result, took = timed(lambda: engine.complete(LINE_END, stop.is_set))
+    assert result.stop_reason == "cancelled" and result.error is None and took < 1.0
+    assert engine.health.status != "down"

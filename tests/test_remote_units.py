@@ -330,3 +330,11 @@ def test_with_a_required_prefix_the_stops_are_left_to_the_gate():
     assert "stop" not in body and body["grammar"] == prefix_grammar("\n  ")
     _, body = OpenAIDialect().completion(url, healed, None, False)
     assert "stop" not in body and "grammar" not in body
+
+
+def test_a_notice_callback_may_read_the_state():
+    seen = []
+    health = Health("E", lambda notice: seen.append((notice.kind, health.status, health.admit())), Clock())
+    health.failure("refused")
+    health.success()
+    assert [(kind, status) for kind, status, _ in seen] == [("down", "down"), ("recovered", "up")]

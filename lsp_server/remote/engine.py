@@ -223,14 +223,17 @@ class RemoteEngine:
         try:
             status, answer = future.result(timeout=remaining + 0.5)
         except TransportError as exc:
-            status, answer = exc.status, None
-            if exc.status is None or exc.status >= 500:
-                self.health.failure(str(exc), hard=exc.hard)
+            status, answer = None, None
+            self.health.failure(str(exc), hard=exc.hard)
         except Exception as exc:  # a timeout of the future, or a bug: no ids, never an exception
             future.cancel()
             status, answer = None, None
             log.warning("endpoint %s: tokenize failed: %s", self.config.url.text, type(exc).__name__)
         ids = parse_tokens(answer) if status == 200 else None
+        if status == 200 or status in UNSUPPORTED:
+            self.health.success()  # it answered: a probe that got through ends an outage too
+        elif status is not None:
+            self.health.failure(f"HTTP {status} from /tokenize", hard=True)
         if status in UNSUPPORTED or (status == 200 and ids is None):
             self.stats.record(tokenize_supported=False)
         elif ids is not None:

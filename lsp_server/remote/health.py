@@ -66,11 +66,16 @@ class Health:
         with self._lock:
             recovered = self.status == "down"
             self.status, self.soft_failures, self.backoff_s = "up", 0, 0.0
-            if recovered:
+            notice = (
                 self._notice("recovered", f"{self.describe} answers again; completions are back")
+                if recovered
+                else None
+            )
+        self._tell(notice)
 
     def failure(self, error: str, hard: bool = True) -> None:
         """A request failed for a reason on the engine's side (not a cancel, not our budget)."""
+        notice = None
         with self._lock:
             self.soft_failures = 0 if hard else self.soft_failures + 1
             if not hard and self.soft_failures < SOFT_FAILURES_FOR_OUTAGE and self.status != "down":
@@ -79,7 +84,7 @@ class Health:
             if self.status != "down":
                 self.status, self.backoff_s = "down", FIRST_BACKOFF_S
                 self.outages += 1
-                self._notice(
+                notice = self._notice(
                     "down",
                     f"{self.describe} is unreachable ({error}); completions are empty "
                     "until it answers again (retrying with backoff)",
@@ -87,6 +92,7 @@ class Health:
             else:
                 self.backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, self.backoff_s * 2))
             self.retry_at = now + self.backoff_s
+        self._tell(notice)
 
     def take_notices(self) -> list[Notice]:
         """The notices since the last call, oldest first (for the server to show)."""
@@ -95,8 +101,12 @@ class Health:
             self._notices.clear()
             return out
 
-    def _notice(self, kind: Literal["down", "recovered"], message: str) -> None:
+    def _notice(self, kind: Literal["down", "recovered"], message: str) -> Notice:
         notice = Notice(kind, message, time.time())
         self._notices.append(notice)
-        if self._on_notice is not None:
+        return notice
+
+    def _tell(self, notice: Notice | None) -> None:
+        """The callback runs outside the lock: it may well ask for the status."""
+        if notice is not None and self._on_notice is not None:
             self._on_notice(notice)
