@@ -282,6 +282,18 @@ def test_the_key_is_read_at_each_request_and_never_logged(server, engines, monke
 
     server.handler = refuse
     results.append(engine.complete(LINE_END))
+
+    def echo(h, body):  # a proxy that quotes the request's headers in its error page
+        page = f"bad gateway for {h.headers.get('Authorization')}".encode()
+        h.send_response(502)
+        h.send_header("Content-Length", str(len(page)))
+        h.end_headers()
+        h.wfile.write(page)
+
+    server.handler = echo
+    time.sleep(FIRST_BACKOFF_S + 0.05)
+    results.append(engine.complete(LINE_END))
+    assert "502" in results[-1].error and "(key not shown)" in results[-1].error
     auth = [s["headers"].get("Authorization") for s in server.seen]
     assert auth[:2] == ["Bearer sk-first-0123456789", "Bearer sk-rotated-9876543210"]
     assert results[2].error and "401" in results[2].error
@@ -291,7 +303,7 @@ def test_the_key_is_read_at_each_request_and_never_logged(server, engines, monke
         assert key not in shown
     monkeypatch.delenv("REMOTE_TEST_KEY")
     server.handler = lambda h, body: sse(h, llama_events("x"))
-    time.sleep(FIRST_BACKOFF_S + 0.05)
+    time.sleep(engine.health.backoff_s + 0.05)
     engine.complete(LINE_END)
     assert "Authorization" not in server.seen[-1]["headers"]  # no key: no header at all
 
@@ -379,3 +391,11 @@ def test_a_cancel_while_the_engine_has_not_answered_yet_returns_at_once(server, 
     result, took = timed(lambda: engine.complete(LINE_END, stop.is_set))
     assert result.stop_reason == "cancelled" and result.error is None and took < 1.0
     assert engine.health.status != "down"
+
+
+def test_a_closed_engine_answers_at_once(server):
+    engine = RemoteEngine(EndpointConfig.create(server.url(), api="llama.cpp"))
+    engine.close()
+    result, took = timed(lambda: engine.complete(LINE_END))
+    assert result.error == "the remote engine was closed" and took < 0.5
+    assert engine.tokenize("x") is None and not server.seen

@@ -74,9 +74,10 @@ class RemoteEngine:
         ends the generation there (stop reason "stop"), e.g. where a block ends.
         """
         self.stats.record(requests=1)
-        if self._io.setup_error is not None:
-            self.stats.record(errors=1, last_error=self._io.setup_error)
-            return RemoteResult(error=self._io.setup_error)
+        unusable = self._unusable()
+        if unusable is not None:
+            self.stats.record(errors=1, last_error=unusable)
+            return RemoteResult(error=unusable)
         refused = self.health.admit()
         if refused is not None:  # down and backing off: no network; last_error keeps the real cause
             self.stats.record(errors=1, backed_off=1)
@@ -89,6 +90,12 @@ class RemoteEngine:
             self.stats.record(last_error=result.error)
         self._account(result)
         return result
+
+    def _unusable(self) -> str | None:
+        """Why no request can be made at all (not an outage: nothing to retry)."""
+        if self._io.closed:
+            return "the remote engine was closed"
+        return self._io.setup_error
 
     def _complete(
         self, request: RemoteRequest, should_stop: Callable[[], bool], on_text: Callable[[str], bool] | None
@@ -214,7 +221,7 @@ class RemoteEngine:
     def tokenize(self, text: str, deadline: float | None = None) -> list[int] | None:
         """The engine's token ids for ``text`` (no special tokens), for token healing; None where the
         engine has no ``/tokenize`` (remembered: not asked again) or it failed."""
-        if self.stats.tokenize_supported is False or self._io.setup_error or self.health.admit():
+        if self.stats.tokenize_supported is False or self._unusable() or self.health.admit():
             return None
         self.stats.record(tokenize_requests=1)
         url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
@@ -259,6 +266,9 @@ class RemoteEngine:
 
     def _account(self, result: RemoteResult) -> None:
         """Stats and the outage state for one finished request."""
+        key = self.config.api_key()
+        if result.error and key and key in result.error:  # an engine that echoes what it was sent
+            result.error = result.error.replace(key, "(key not shown)")
         if result.stop_reason == "cancelled":
             self.stats.record(cancelled=1)
         elif result.stop_reason == "budget":

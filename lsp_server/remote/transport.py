@@ -32,6 +32,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_S = 5.0
 STALL_TIMEOUT_S = 30.0  # the longest wait for the next byte when the request has no deadline
 MAX_REDIRECTS = 3
+KEEPALIVE_S = 4.0
 ERROR_BODY_CHARS = 300
 
 
@@ -65,13 +66,16 @@ class LoopThread:
         self._config = config
         self.client: httpx.AsyncClient | None = None
         self.setup_error: str | None = None
+        self._closed = False
         try:
-            self.run(self._open(), timeout=30).result(timeout=30)
-        except TransportError as exc:
-            self.setup_error = str(exc)
+            self.run(self._open()).result(timeout=30)
+        except Exception as exc:  # an unreadable caBundle, mostly: every request will say so
+            self.setup_error = str(exc) if isinstance(exc, TransportError) else describe(exc).args[0]
 
     async def _open(self) -> None:
-        limits = httpx.Limits(max_connections=16, max_keepalive_connections=8, keepalive_expiry=60.0)
+        # Servers drop idle connections after ~5 s (llama-server's and uvicorn's defaults); letting
+        # ours go first keeps a request from landing on a connection the server is closing.
+        limits = httpx.Limits(max_connections=16, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_S)
         self.client = httpx.AsyncClient(
             verify=ssl_context(self._config.ca_bundle),
             trust_env=False,
@@ -81,11 +85,17 @@ class LoopThread:
             limits=limits,
         )
 
-    def run(self, coroutine: Awaitable[T], timeout: float | None = None) -> Future[T]:
+    @property
+    def closed(self) -> bool:
+        return self._closed or not self._thread.is_alive()
+
+    def run(self, coroutine: Awaitable[T]) -> Future[T]:
+        """Schedules ``coroutine`` on the loop thread; the future can be waited on or cancelled."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Cancels what is still streaming, closes the pool, then ends the loop thread."""
+        self._closed = True
         if self._thread.is_alive():
             with contextlib.suppress(Exception):
                 self.run(self._shutdown()).result(timeout=3)
@@ -138,7 +148,12 @@ async def open_stream(
     """POST and return the streaming response once its status is 2xx (closed with ``stack``)."""
     for _ in range(MAX_REDIRECTS + 1):
         request = client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
-        response = await stack.enter_async_context(_send(client, request))
+        try:
+            response = await stack.enter_async_context(_send(client, request))
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            # a kept-alive connection the server closed as we sent: once more, on a new one
+            request = client.build_request("POST", url, json=body, headers=headers, timeout=timeout)
+            response = await stack.enter_async_context(_send(client, request))
         if response.is_redirect:
             url = same_origin_redirect(config, response)
             continue
