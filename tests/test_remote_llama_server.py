@@ -100,11 +100,13 @@ def test_both_apis_and_token_ids_give_the_same_greedy_text(llama, engines):
     assert len(texts) == 1 and texts != {""}
 
 
-def test_tokenize_uses_the_engines_tokenizer(llama, engines):
-    engine = make(engines, llama.url, "llama.cpp")
+@pytest.mark.parametrize("api", APIS)
+def test_tokenize_uses_the_engines_tokenizer(llama, engines, api):
+    engine = make(engines, llama.url, api)
     assert engine.tokenize("def foo") == [1604, 29856]  # SmolLM2: "def", " foo"; no BOS added
     assert engine.tokenize("") == []
-    assert engine.snapshot()["tokenize"] == {"requests": 2, "failed": 0, "supported": True}
+    assert engine.detokenize([1604, 29856]) == "def foo" and engine.detokenize([29856]) == " foo"
+    assert engine.snapshot()["tokenize"] == {"requests": 4, "failed": 0, "supported": True}
 
 
 @pytest.mark.parametrize("api", APIS)

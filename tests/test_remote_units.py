@@ -7,7 +7,7 @@ import pytest
 
 from lsp_server import config
 from lsp_server.remote import EndpointConfig, EndpointError
-from lsp_server.remote.dialects import DIALECTS, LlamaCppDialect, OpenAIDialect, parse_tokens
+from lsp_server.remote.dialects import DIALECTS, LlamaCppDialect, OpenAIDialect, parse_text, parse_tokens
 from lsp_server.remote.endpoint import insecure_reason, is_loopback, parse_base_url
 from lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
 from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILURES_FOR_OUTAGE, Health
@@ -216,6 +216,11 @@ def test_the_llama_cpp_request_and_events():
     assert (final.finish, final.new_tokens, final.prompt_tokens, final.cached_tokens) == ("stop", 3, 7, 5)
     assert LlamaCppDialect().chunk({"stop": True, "stop_type": "eos"}).finish == "eos"
     assert LlamaCppDialect().chunk({"stop": True, "stop_type": "limit"}).finish == "max_tokens"
+
+
+def test_detokenize_answers():
+    assert parse_text({"content": "def"}) == "def" and parse_text({"prompt": " x"}) == " x"
+    assert parse_text({"tokens": []}) is None and parse_text([1]) is None
 
 
 def test_token_lists():

@@ -102,6 +102,12 @@ class OpenAIDialect:
             body["model"] = model
         return _root(url) + "/tokenize", body
 
+    def detokenize(self, url: BaseUrl, ids: list[int], model: str | None) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"tokens": ids}
+        if model:
+            body["model"] = model
+        return _root(url) + "/detokenize", body
+
 
 class LlamaCppDialect:
     name = "llama.cpp"
@@ -152,6 +158,9 @@ class LlamaCppDialect:
     def tokenize(self, url: BaseUrl, text: str, model: str | None) -> tuple[str, dict[str, Any]]:
         return _root(url) + "/tokenize", {"content": text, "add_special": False}
 
+    def detokenize(self, url: BaseUrl, ids: list[int], model: str | None) -> tuple[str, dict[str, Any]]:
+        return _root(url) + "/detokenize", {"tokens": ids}
+
 
 def dialect(name: str) -> OpenAIDialect | LlamaCppDialect:
     return LlamaCppDialect() if name == "llama.cpp" else OpenAIDialect()
@@ -166,3 +175,11 @@ def parse_tokens(body: Any) -> list[int] | None:
     if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
         return None
     return ids  # type: ignore[return-value]
+
+
+def parse_text(body: Any) -> str | None:
+    """``/detokenize``'s answer: llama.cpp's ``{"content"}`` or vLLM's ``{"prompt"}``."""
+    if not isinstance(body, dict):
+        return None
+    text = body.get("content", body.get("prompt"))
+    return text if isinstance(text, str) else None

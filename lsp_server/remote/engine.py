@@ -13,13 +13,13 @@ import contextlib
 import logging
 import queue
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import httpx2 as httpx
 
 from lsp_server.remote import transport
-from lsp_server.remote.dialects import Chunk, dialect, parse_tokens
+from lsp_server.remote.dialects import Chunk, dialect, parse_text, parse_tokens
 from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.gate import Gate
 from lsp_server.remote.health import Health, Notice
@@ -29,6 +29,7 @@ from lsp_server.remote.stats import EndpointStats
 from lsp_server.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 POLL_S = 0.01  # how often a waiting caller looks at should_stop: the cancel latency
 TOKENIZE_TIMEOUT_S = 5.0
 UNSUPPORTED = (404, 405, 501)  # an endpoint the engine doesn't have, not an outage
@@ -221,10 +222,22 @@ class RemoteEngine:
     def tokenize(self, text: str, deadline: float | None = None) -> list[int] | None:
         """The engine's token ids for ``text`` (no special tokens), for token healing; None where the
         engine has no ``/tokenize`` (remembered: not asked again) or it failed."""
+        url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
+        return self._tokenizer_call(url, body, deadline, parse_tokens)
+
+    def detokenize(self, ids: Sequence[int], deadline: float | None = None) -> str | None:
+        """The text of ``ids`` by the engine's ``/detokenize`` (llama.cpp, vLLM): what healing needs
+        to know which text a backed-up token held; None where there is none or it failed."""
+        url, body = self.dialect.detokenize(self.config.url, list(ids), self.config.model)
+        return self._tokenizer_call(url, body, deadline, parse_text)
+
+    def _tokenizer_call(
+        self, url: str, body: dict[str, Any], deadline: float | None, parse: Callable[[Any], T | None]
+    ) -> T | None:
+        """One small JSON request; the engine's tokenizer endpoints count as one capability."""
         if self.stats.tokenize_supported is False or self._unusable() or self.health.admit():
             return None
         self.stats.record(tokenize_requests=1)
-        url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
         remaining = TOKENIZE_TIMEOUT_S if deadline is None else max(0.05, deadline - time.monotonic())
         future = self._io.run(self._post_json(url, body, transport.timeout_for(remaining)))
         try:
@@ -232,22 +245,22 @@ class RemoteEngine:
         except TransportError as exc:
             status, answer = None, None
             self.health.failure(str(exc), hard=exc.hard)
-        except Exception as exc:  # a timeout of the future, or a bug: no ids, never an exception
+        except Exception as exc:  # a timeout of the future, or a bug: no answer, never an exception
             future.cancel()
             status, answer = None, None
-            log.warning("endpoint %s: tokenize failed: %s", self.config.url.text, type(exc).__name__)
-        ids = parse_tokens(answer) if status == 200 else None
+            log.warning("endpoint %s: %s failed: %s", self.config.url.text, url, type(exc).__name__)
+        value = parse(answer) if status == 200 else None
         if status == 200 or status in UNSUPPORTED:
             self.health.success()  # it answered: a probe that got through ends an outage too
         elif status is not None:
-            self.health.failure(f"HTTP {status} from /tokenize", hard=True)
-        if status in UNSUPPORTED or (status == 200 and ids is None):
+            self.health.failure(f"HTTP {status} from {url.rsplit('/', 1)[-1]}", hard=True)
+        if status in UNSUPPORTED or (status == 200 and value is None):
             self.stats.record(tokenize_supported=False)
-        elif ids is not None:
+        elif value is not None:
             self.stats.record(tokenize_supported=True)
-        if ids is None:
+        if value is None:
             self.stats.record(tokenize_failed=1)
-        return ids
+        return value
 
     async def _post_json(self, url: str, body: dict[str, Any], timeout: httpx.Timeout) -> tuple[int, Any]:
         try:
