@@ -399,3 +399,10 @@ def test_a_closed_engine_answers_at_once(server):
     result, took = timed(lambda: engine.complete(LINE_END))
     assert result.error == "the remote engine was closed" and took < 0.5
     assert engine.tokenize("x") is None and not server.seen
+
+
+def test_done_without_a_finish_reason_is_a_clean_end(server, engines):
+    chunk = json.dumps({"choices": [{"text": "ab", "finish_reason": None}]})
+    server.handler = lambda h, body: sse(h, [chunk, "[DONE]"])
+    result = make(engines, server.url(), api="openai").complete(LINE_END)
+    assert (result.text, result.stop_reason, result.error) == ("ab", "stop", None)

@@ -176,13 +176,15 @@ class RemoteEngine:
                 response = await transport.open_stream(
                     self._io.client, self.config, url, body, transport.bearer(self.config), timeout, stack
                 )
+                done = False
                 async for line in response.aiter_lines():
                     parsed = parse_line(line)
                     if parsed is DONE:
+                        done = True
                         break
                     if parsed is not None:
                         emit(("chunk", self.dialect.chunk(parsed)))  # type: ignore[arg-type]
-            emit(("end",))
+            emit(("end", done))
         except MalformedEvent as exc:
             emit(("error", TransportError(str(exc))))
         except Exception as exc:  # every failure becomes an answer
@@ -197,7 +199,9 @@ class RemoteEngine:
             result.http_status, result.slow = error.status, not error.hard
             return True
         if event[0] == "end":
-            if result.stop_reason == "error":  # the stream ended without saying why
+            if result.stop_reason == "error" and event[1]:  # [DONE] without a finish reason: a clean end
+                result.stop_reason = "stop"
+            elif result.stop_reason == "error":  # cut off without saying why
                 result.error = "the stream ended without a final event"
             return True
         chunk: Chunk = event[1]
