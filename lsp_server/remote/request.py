@@ -46,9 +46,8 @@ class RemoteResult:
     http_status: int | None = None  # of a failed request, where the engine answered one
     slow: bool = False  # the error was a timeout: the engine may only be slow, not gone
     used_suffix: bool = False  # the engine was given the suffix (FIM)
-    prefix_met: bool | None = (
-        None  # None: no required prefix; False: not spelled out (strayed, or stopped first)
-    )
+    # None: no required prefix; False: not spelled out (the engine strayed, or it stopped first)
+    prefix_met: bool | None = None
 
     @property
     def ok(self) -> bool:
