@@ -169,12 +169,14 @@ class LlamaServer:
         context: int = 4096,
         extra_args: list[str] | None = None,
         ready_timeout_s: float = 120.0,
+        port: int | None = None,
     ) -> None:
         self.model = Path(model)
         self.binary = binary  # found (or built) by start() when not given
         self.threads, self.context, self.extra_args = threads, context, list(extra_args or [])
         self.ready_timeout_s = ready_timeout_s
-        self.port: int | None = None
+        self.fixed_port = port  # None: a free port at each start; else this one (a restart keeps its URL)
+        self.port: int | None = port
         self.process: subprocess.Popen | None = None
         self._log: tempfile._TemporaryFileWrapper | None = None
 
@@ -187,7 +189,7 @@ class LlamaServer:
             raise LlamaServerError(f"no GGUF at {self.model}")
         if self.binary is None:
             self.binary = llama_server_binary()
-        self.port = free_port()
+        self.port = self.fixed_port or free_port()
         args = [
             str(self.binary),
             "-m",

@@ -38,9 +38,9 @@ MIN_ATTENTION_ROWS = 3
 KEY_BLOCK = 256
 LLAMA_ARCHITECTURES = ("llama",)
 # Relative cost of a pass over n tokens (one token = 1.0), measured for SmolLM2-135M on its Q4_1
-# GGUF on the 2-core CPU (``benchmarks/pass_bench.py``): the 4-bit kernel dequantizes its weights once per four
-# rows, so cost climbs in steps of four. The engine's cost model starts from this and replaces
-# it with live timings; the long passes price drafts that ride on a prefill.
+# GGUF on the 2-core CPU (``benchmarks/pass_bench.py``): the 4-bit kernel dequantizes its weights
+# once per four rows, so cost climbs in steps of four. The engine's cost model starts from this and
+# replaces it with live timings; the long passes price drafts that ride on a prefill.
 COST_PRIOR = {1: 1.0, 2: 1.11, 3: 1.26, 4: 1.37, 5: 2.0, 6: 2.0, 8: 2.16, 9: 2.85, 12: 2.98, 16: 3.79,
               24: 5.29, 32: 7.07, 64: 9.36, 128: 16.35, 256: 30.7, 512: 69.8}
 

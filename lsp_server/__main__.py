@@ -19,14 +19,17 @@ import threading
 from typing import TYPE_CHECKING
 
 from lsp_server import __version__
-from lsp_server.config import DRAFTER_NAMES, SettingError, from_cli, validate
+from lsp_server.config import DRAFTER_NAMES, ENDPOINT_APIS, SettingError, from_cli, validate
 
 if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
 
 log = logging.getLogger("lsp_server")
+REMOTE_FLAGS = ("endpoint", "endpoint_api", "endpoint_model", "api_key_env", "ca_bundle",
+                "allow_insecure_endpoint")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-QUIET_LIBRARIES = ("pygls", "transformers", "huggingface_hub", "urllib3", "filelock", "asyncio")
+QUIET_LIBRARIES = ("pygls", "transformers", "huggingface_hub", "urllib3", "filelock", "asyncio",
+                   "httpx2", "httpcore2")  # the remote engine's client logs every request at INFO
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -65,12 +68,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto, float32, float16, bfloat16 (default: auto)")
     parser.add_argument("--quantization", type=setting("quantization"),
                         help="auto (a GGUF keeps its quantized weights on the CPU), none, int8, int4")
+    remote = parser.add_argument_group("remote engine (nothing reaches the network without --endpoint)")
+    remote.add_argument("--endpoint", type=setting("endpoint"),
+                        help="decode on this inference server, e.g. http://127.0.0.1:8080 or https://gpu-box:8000/v1")
+    remote.add_argument("--endpoint-api", choices=ENDPOINT_APIS,
+                        help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
+                             "(/completion, /infill); default openai")
+    remote.add_argument("--endpoint-model", type=setting("endpoint_model"),
+                        help="the model name the server expects")
+    remote.add_argument("--api-key-env", type=setting("api_key_env"),
+                        help="the NAME of an environment variable holding the bearer token")
+    remote.add_argument("--ca-bundle", type=setting("ca_bundle"), help="a PEM file of extra CA certificates")
+    remote.add_argument("--allow-insecure-endpoint", action="store_true", default=None,
+                        help="allow plain http:// to a host other than loopback")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--log-file", help="append logs to this file instead of stderr")
     parser.add_argument("--version", action="version", version=f"lsp_server {__version__}")
     args = parser.parse_args(argv)
     if args.drafter == "model" and not args.draft_model:
         parser.error("--drafter model needs --draft-model")
+    from lsp_server.remote.endpoint import insecure_reason
+
+    reason = insecure_reason(args.endpoint, bool(args.allow_insecure_endpoint))
+    if reason is not None:
+        parser.error(f"--endpoint {args.endpoint}: {reason}")
     return args
 
 
@@ -143,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     """Serve until the connection ends, then end the process; returns only on a command-line error."""
     args = parse_args(argv)
     cli = from_cli(model=args.model, draft_model=args.draft_model, drafter=args.drafter, device=args.device,
-                   dtype=args.dtype, quantization=args.quantization)
+                   dtype=args.dtype, quantization=args.quantization,
+                   **{name: getattr(args, name) for name in REMOTE_FLAGS if getattr(args, name) is not None})
     if cli.problems:  # parse_args checked every value already; this is a safety net
         print(f"lsp_server: error: {'; '.join(cli.problems)}", file=sys.stderr)
         return 2

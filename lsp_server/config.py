@@ -26,6 +26,8 @@ DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFT
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
+ENDPOINT_APIS = ("openai", "llama.cpp")  # == lsp_server.remote.dialects.DIALECTS
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
 
@@ -53,6 +55,13 @@ class Settings:
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
     neighbor_snippets: int = 2  # snippets from other open documents in the prompt
     token_healing: bool = True
+    # A remote engine (lsp_server/remote): None decodes locally; nothing reaches the network otherwise.
+    endpoint: str | None = None  # base URL, e.g. "http://gpu-box:8000/v1"
+    endpoint_api: str = "openai"  # "openai": /v1/completions; "llama.cpp": /completion and /infill
+    endpoint_model: str | None = None  # the model name the server expects (OpenAI "model")
+    api_key_env: str | None = None  # the NAME of an environment variable holding a bearer token
+    ca_bundle: str | None = None  # a PEM file of extra CA certificates (added to the system's)
+    allow_insecure_endpoint: bool = False  # plain http:// to a host other than loopback
 
     def model_key(self) -> tuple:
         """What identifies the loaded weights: a change here means a reload."""
@@ -118,6 +127,29 @@ def _multiline(value: Any) -> str:
     raise SettingError(f"expected one of {', '.join(MULTILINE_MODES)} (or true / false)")
 
 
+def _endpoint(value: Any) -> str | None:
+    """A base URL; the scheme/host rules that depend on another setting are checked in ``layer``."""
+    from lsp_server.remote.endpoint import EndpointError, parse_base_url
+
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise SettingError("expected a URL such as http://127.0.0.1:8080 or https://gpu-box:8000/v1, or null")
+    try:
+        return parse_base_url(value.strip()).text
+    except EndpointError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def _env_name(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _ENV_NAME_RE.match(value):
+        raise SettingError("expected the name of an environment variable (letters, digits, _), "
+                           "not the key itself")
+    return value
+
+
 def _fim_template(value: Any) -> str:
     if isinstance(value, str) and is_fim_setting(value):
         return value
@@ -146,6 +178,12 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "fim_template": _fim_template,
     "neighbor_snippets": _int_range(0, 10),
     "token_healing": _bool,
+    "endpoint": _endpoint,
+    "endpoint_api": _choice(ENDPOINT_APIS),
+    "endpoint_model": _optional_string,
+    "api_key_env": _env_name,
+    "ca_bundle": _optional_string,
+    "allow_insecure_endpoint": _bool,
 }
 _CAMEL = {name: re.sub(r"_(\w)", lambda m: m.group(1).upper(), name) for name in _VALIDATORS}
 _BY_CAMEL = {camel: name for name, camel in _CAMEL.items()}
@@ -195,21 +233,51 @@ def layer(current: Settings, lower: Settings, payload: Any) -> Layered:
         except SettingError as exc:
             kept = getattr(current, name)
             out.settings = replace(out.settings, **{name: kept})
-            out.problems.append(f"setting {key} = {_show(raw)} ignored: {exc}; keeping {_show(kept)}")
+            shown = _show_given(name, raw)
+            out.problems.append(f"setting {key} = {shown} ignored: {exc}; keeping {_show(kept)}")
     if out.settings.drafter == "model" and out.settings.draft_model is None:
         kept = current.drafter if current.drafter != "model" or current.draft_model else "auto"
         out.problems.append(f"setting drafter = 'model' needs draftModel to be set; keeping {_show(kept)}")
         out.settings = replace(out.settings, drafter=kept)
+    _check_endpoint_scheme(current, out)
     return out
 
 
+def _check_endpoint_scheme(current: Settings, out: Layered) -> None:
+    """Plain http:// only to loopback unless allowInsecureEndpoint: a key or code sent in clear text
+    over a network is readable by anyone on the path."""
+    from lsp_server.remote.endpoint import insecure_reason
+
+    reason = insecure_reason(out.settings.endpoint, out.settings.allow_insecure_endpoint)
+    if reason is None:
+        return
+    kept = current.endpoint
+    if insecure_reason(kept, out.settings.allow_insecure_endpoint) is not None:
+        kept = None
+    out.problems.append(f"setting endpoint = {_show(out.settings.endpoint)} ignored: {reason}; "
+                        f"keeping {_show(kept)}")
+    out.settings = replace(out.settings, endpoint=kept)
+
+
 def from_cli(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
-             device: str | None = None, dtype: str | None = None, quantization: str | None = None) -> Layered:
-    """Defaults overlaid with the command line's flags (None: not given)."""
+             device: str | None = None, dtype: str | None = None, quantization: str | None = None,
+             **remote: Any) -> Layered:
+    """Defaults overlaid with the command line's flags (None: not given); ``remote`` takes the
+    endpoint settings by field name (``endpoint``, ``endpoint_api``, ...)."""
     given = {"model": model, "draftModel": draft_model, "drafter": drafter, "device": device, "dtype": dtype,
-             "quantization": quantization}
+             "quantization": quantization, **{_CAMEL[name]: value for name, value in remote.items()}}
     defaults = Settings()
     return layer(defaults, defaults, {k: v for k, v in given.items() if v is not None})
+
+
+def _show_given(name: str, value: Any) -> str:
+    """A rejected value as it may be shown and logged: a key pasted where its variable's name
+    belongs, or a password in a URL, is not repeated."""
+    if name == "api_key_env":
+        return "(value not shown)"
+    if name == "endpoint" and isinstance(value, str) and "@" in value:
+        return repr(re.sub(r"//[^/@]*@", "//(credentials not shown)@", value))
+    return _show(value)
 
 
 def _show(value: Any) -> str:

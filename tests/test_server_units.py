@@ -84,7 +84,8 @@ def test_to_lsp_uses_the_documented_names():
         "model", "draftModel", "drafter", "device", "dtype", "quantization", "maxNewTokens", "contextTokens",
         "debounceMs",
         "timeBudgetMs", "enabled", "multiline", "kvCacheMb", "typeAhead", "prefetch", "decoder", "maxLines",
-        "fimTemplate", "neighborSnippets", "tokenHealing"}
+        "fimTemplate", "neighborSnippets", "tokenHealing", "endpoint", "endpointApi", "endpointModel",
+        "apiKeyEnv", "caBundle", "allowInsecureEndpoint"}
 
 
 def test_multiline_takes_a_mode_or_the_old_booleans_and_fim_a_style_or_a_template():
