@@ -22,8 +22,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def top_level_imports(tree: ast.Module) -> list[str]:
-    """Modules imported at module level, including in module-level ``if`` blocks."""
+def top_level_imports(tree: ast.Module, modules: set[str]) -> list[str]:
+    """Modules imported at module level, including in module-level ``if`` blocks; ``from p import
+    m`` names the submodule ``p.m`` where that is one, else ``p``."""
     found: list[str] = []
     body = list(tree.body)
     while body:
@@ -35,8 +36,9 @@ def top_level_imports(tree: ast.Module) -> list[str]:
         elif isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append(node.module)
-            found.extend(f"{node.module}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.append(submodule if submodule in modules else node.module)
     return found
 
 
@@ -45,7 +47,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges = set()
-        for imported in top_level_imports(ast.parse(path.read_text())):
+        for imported in top_level_imports(ast.parse(path.read_text()), set(modules)):
             if imported in modules and imported != name:
                 edges.add(imported)
             # importing a submodule runs its package's __init__ first
