@@ -57,8 +57,9 @@ async def test_a_command_called_without_its_arguments_is_invalid_params_not_a_se
             params["arguments"] = arguments
         answer = await server.request(1, "workspace/executeCommand", params)
         assert answer["error"]["code"] == INVALID_PARAMS, answer
-        ok = await server.request(2, "workspace/executeCommand",
-                                  {"command": "lsp_server.accepted", "arguments": [h.URI, "x = 1"]})
+        ok = await server.request(
+            2, "workspace/executeCommand", {"command": "lsp_server.accepted", "arguments": [h.URI, "x = 1"]}
+        )
         assert ok["result"] is None, ok
         assert (await server.request(3, h.STATS))["result"]["reuse"]["accepted"] == 1
     finally:
