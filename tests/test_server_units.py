@@ -120,7 +120,8 @@ def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
 
 def test_lone_surrogates_do_not_reach_the_tokenizer():
     prompt = plain_window(ContextRequest("s = '\ud800'", 10, 100))
-    prompt.text.encode("utf-8")
+    assert prompt.text == "s = '?'"  # a surrogate the client split is replaced, the rest kept
+    assert prompt.text.encode("utf-8") == b"s = '?'"
 
 
 def test_fit_tokens_keeps_the_end_within_the_budget():
