@@ -95,7 +95,7 @@ describe('the extension logic against lsp_server', { skip }, () => {
     }
   });
 
-  it("ends the load with the progress end the extension asks again at, and only then", async () => {
+  it('ends the load with the progress end the extension asks again at, and only then', async () => {
     const deadline = Date.now() + 30_000; // the end follows the ready state by a message
     while (!progress.some(({ token, value }) => isLoadEnd(token, value))) {
       assert.ok(Date.now() < deadline, `no load end among ${JSON.stringify(progress)}`);
