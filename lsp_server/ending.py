@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lsp_server.brackets import C_LIKE, Lexis, closing_brace, lexis_for, without_comment
 from lsp_server.languages import LanguageSpec
 
 MultilineMode = Literal["auto", "never", "always"]
@@ -37,6 +38,7 @@ class Ending:
     header_indent: int = 0  # the header line's indentation width
     closer_present: bool = False  # braces: the document already closes this block below the cursor
     from_header: bool = False  # the cursor ends the header line: the suggestion starts with "\n"
+    lexis: Lexis = C_LIKE  # braces: what hides a brace (strings, comments) in the document's language
 
     @property
     def stop_at_newline(self) -> bool:
@@ -48,7 +50,8 @@ class Ending:
             newline = text.find("\n")
             return newline if newline >= 0 else None
         body = self.body_indent
-        pos = depth = 0
+        closer = closing_brace(text, self.lexis) if self.style == "braces" else None
+        pos = 0
         for i, line in enumerate(text.split("\n")):
             start, pos = pos, pos + len(line) + 1
             body_line = i - int(self.from_header)  # -1: the rest of the header line
@@ -62,41 +65,12 @@ class Ending:
                     body = width
                 elif self.style == "indent" and i > 0 and width < body:
                     return start - 1  # dedent: the block ended on the line before
-            if self.style == "braces":
-                end = _closing_brace(line, depth)
-                if isinstance(end, int) and end >= 0:
-                    if self.closer_present:  # the document has it: stop before it
-                        return max(start - 1, 0) if not line[:end].strip() else start + end
-                    return start + end + 1
-                depth = -end - 1 if isinstance(end, int) else depth
+            if closer is not None and start <= closer < pos:
+                end = closer - start
+                if self.closer_present:  # the document has it: stop before it
+                    return max(start - 1, 0) if not line[:end].strip() else start + end
+                return start + end + 1
         return None
-
-
-def _closing_brace(line: str, depth: int) -> int:
-    """The index of the brace in ``line`` that closes the block (depth would go below 0), or
-    ``-(depth + 1)`` with the depth after the line. Quotes end at the line's end."""
-    quote = ""
-    for j, ch in enumerate(line):
-        if quote:
-            if ch == quote and line[j - 1] != "\\":
-                quote = ""
-        elif ch in "\"'`":
-            quote = ch
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth < 0:
-                return j
-    return -(depth + 1)
-
-
-def _line_at(text: str, start: int) -> tuple[str, int]:
-    """The line starting at ``start`` (without its break) and where the next one starts."""
-    end = text.find("\n", start)
-    if end < 0:
-        return text[start:], len(text) + 1
-    return text[start:end], end + 1
 
 
 def _previous_code_line(text: str, line_start: int) -> str | None:
@@ -112,54 +86,55 @@ def _previous_code_line(text: str, line_start: int) -> str | None:
     return None
 
 
-def _next_code_line(text: str, next_start: int) -> str | None:
-    pos = next_start
+def next_code_line(text: str, offset: int) -> str:
+    """The first non-blank line after the one ``offset`` is on (within ``SCAN_LINES`` lines),
+    without its break; "" when there is none. Both the ending and the repeat check need it."""
+    pos = text.find("\n", offset) + 1
+    if pos == 0:
+        return ""
     for _ in range(SCAN_LINES):
-        if pos > len(text):
-            return None
-        line, pos = _line_at(text, pos)
+        end = text.find("\n", pos)
+        line = text[pos:] if end < 0 else text[pos:end]
         if line.strip():
             return line.rstrip("\r")
-    return None
+        if end < 0:
+            return ""
+        pos = end + 1
+    return ""
 
 
 def _opens_block(line: str, spec: LanguageSpec) -> bool:
-    code = line.rstrip()
-    if spec.blocks == "indent":
-        if "#" in code:  # a trailing comment: "if x:  # note"
-            code = code.split("#", 1)[0].rstrip() if code.count("#") == 1 else code
-        return code.endswith(":")
-    return code.endswith("{")
+    code = without_comment(line, lexis_for(spec.name)).rstrip()  # "if x:  # note", "if (x) { // y"
+    return code.endswith(":" if spec.blocks == "indent" else "{")
 
 
 def decide(text: str, offset: int, before: str, after: str, spec: LanguageSpec, mode: str,
-           max_lines: int) -> Ending:
-    """Single line, or a multi-line body with how to find its end."""
+           max_lines: int, next_line: str) -> Ending:
+    """Single line, or a multi-line body with how to find its end. ``next_line``: the first
+    non-blank line below the cursor's (``next_code_line``), "" when there is none."""
     single = Ending()
     if mode == "never" or after.strip() or max_lines <= 1:
         return single
     line_start = offset - len(before)
-    next_start = text.find("\n", offset)
-    next_line = _next_code_line(text, next_start + 1) if next_start >= 0 else None
     style = "indent" if spec.blocks == "indent" else "braces"
+    lexis = lexis_for(spec.name)
+    closer = style == "braces" and next_line.lstrip().startswith("}")
 
     if spec.module is None and mode != "always":
         return single  # plain text: no blocks to find
     if before.strip() and _opens_block(before, spec):  # the cursor ends the header line
         header = indent_width(before)
-        if next_line is None or indent_width(next_line) <= header:
-            closer = style == "braces" and next_line is not None and next_line.lstrip().startswith("}")
-            return Ending(True, max_lines, style, None, header, closer, from_header=True)
+        if not next_line or indent_width(next_line) <= header:
+            return Ending(True, max_lines, style, None, header, closer, from_header=True, lexis=lexis)
     elif not before.strip():  # the cursor is on a blank line, after its indentation
         header_line = _previous_code_line(text, line_start)
         if header_line is not None and _opens_block(header_line, spec):
             header = indent_width(header_line)
             body = indent_width(before)
-            empty = next_line is None or indent_width(next_line) <= header or (
-                style == "braces" and next_line.lstrip().startswith("}"))
+            empty = not next_line or indent_width(next_line) <= header or closer
             if body > header and empty:
-                closer = style == "braces" and next_line is not None and next_line.lstrip().startswith("}")
-                return Ending(True, max_lines, style, body, header, closer)
+                return Ending(True, max_lines, style, body, header, closer, lexis=lexis)
     if mode == "always":  # any blank rest of line: the block around the cursor bounds it
-        return Ending(True, max_lines, style, indent_width(before), closer_present=style == "braces")
+        return Ending(True, max_lines, style, indent_width(before), closer_present=style == "braces",
+                      lexis=lexis)
     return single

@@ -13,8 +13,6 @@ the rest of the line (and, for a block body, the lines after it) should become. 
    otherwise it is kept after the suggestion minus any overlap (``"x)"`` + ``"):"`` gives ``"x):"``);
 5. a multi-line body is indented the way the document is (tabs or spaces);
 6. nothing empty, blank, or equal to what is already there.
-
-``line_item_text`` keeps the server's original signature for one-line items.
 """
 
 from __future__ import annotations
@@ -23,13 +21,11 @@ import re
 from dataclasses import dataclass, field
 
 from lsp_server import ending as endings
+from lsp_server.brackets import C_LIKE, Lexis, first_stray_closer, lexis_for, unclosed
 from lsp_server.ending import Ending
 from lsp_server.languages import LanguageSpec
 
 REPLACEMENT_CHAR = "\ufffd"  # what a token that splits a UTF-8 sequence decodes to
-OPENERS = {"(": ")", "[": "]", "{": "}"}
-CLOSERS = {v: k for k, v in OPENERS.items()}
-CLOSING_ONLY = set(")]}\"'`>;, \t")
 SCAN_CHARS = 4000  # how much code before the cursor is scanned for unclosed brackets
 _WORDY = re.compile(r"\w")
 
@@ -44,20 +40,7 @@ class Situation:
     open_brackets: str = ""  # openers still unclosed before the cursor, innermost last
     ending: Ending = field(default_factory=Ending)
     indent_unit: str = ""  # the document's indentation step ("\t", "    "); "" unknown
-
-
-def clean_decoded(text: str, healed: str = "", multiline: bool = False) -> str | None:
-    """The usable part of a decode: one line unless ``multiline``, no trailing whitespace or
-    broken characters. ``healed`` is for callers whose engine did not remove the required
-    prefix itself. None: nothing usable."""
-    if healed:
-        if not text.startswith(healed):
-            return None
-        text = text[len(healed):]
-    if not multiline:
-        text = text.split("\n", 1)[0].split("\r", 1)[0]
-    text = text.rstrip().rstrip(REPLACEMENT_CHAR).rstrip()
-    return text if text.strip() else None
+    lexis: Lexis = C_LIKE  # what hides a bracket (strings, comments) in the document's language
 
 
 def is_subsequence(needle: str, haystack: str) -> bool:
@@ -75,62 +58,11 @@ def merge_with_suffix(suggestion: str, after: str) -> str:
     return suggestion + tail[overlap:]
 
 
-def only_closers(after: str) -> bool:
-    """Whether the rest of the line is only closing brackets, quotes and separators (what an
-    editor auto-inserts), which the item then replaces instead of repeating."""
-    return bool(after.strip()) and set(after) <= CLOSING_ONLY
-
-
-def unclosed_brackets(code: str, comment: str = "#") -> str:
-    """Openers left unclosed at the end of ``code``, innermost last. Strings are skipped within a
-    line, comments to the end of the line; good enough for the few lines before a cursor."""
-    stack: list[str] = []
-    for line in code.split("\n"):
-        quote = ""
-        i = 0
-        while i < len(line):
-            ch = line[i]
-            if quote:
-                if ch == "\\":
-                    i += 1
-                elif ch == quote:
-                    quote = ""
-            elif comment and line.startswith(comment, i):
-                break
-            elif ch in "\"'`":
-                quote = ch
-            elif ch in OPENERS:
-                stack.append(ch)
-            elif ch in CLOSERS and stack and stack[-1] == CLOSERS[ch]:
-                stack.pop()
-            i += 1
-    return "".join(stack)
-
-
-def balance(text: str, open_brackets: str) -> str:
+def balance(text: str, open_brackets: str, lexis: Lexis) -> str:
     """``text`` up to the first closing bracket that closes nothing (it would duplicate one the
     editor already has, or close a block the suggestion is not in)."""
-    stack = list(open_brackets)
-    quote = ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote or ch == "\n":
-                quote = ""
-        elif ch in "\"'`":
-            quote = ch
-        elif ch in OPENERS:
-            stack.append(ch)
-        elif ch in CLOSERS:
-            if stack and stack[-1] == CLOSERS[ch]:
-                stack.pop()
-            else:
-                return text[:i].rstrip()
-        i += 1
-    return text
+    stray = first_stray_closer(text, open_brackets, lexis)
+    return text if stray is None else text[:stray].rstrip()
 
 
 def reindent(text: str, unit: str) -> str:
@@ -183,7 +115,7 @@ def finish(decoded: str, situation: Situation) -> str | None:
     else:
         text = text.split("\n", 1)[0].split("\r", 1)[0]
     text = text.rstrip().rstrip(REPLACEMENT_CHAR).rstrip()
-    text = balance(text, situation.open_brackets)
+    text = balance(text, situation.open_brackets, situation.lexis)
     if not text.strip():
         return None
     deduped = drop_repeats(text, situation)
@@ -192,18 +124,6 @@ def finish(decoded: str, situation: Situation) -> str | None:
     text = reindent(deduped, situation.indent_unit) if multiline else deduped
     text = merge_with_suffix(text, situation.after)
     if not text.strip() or text == situation.after or text.rstrip() == situation.after.rstrip():
-        return None
-    return text
-
-
-def line_item_text(decoded: str, after: str, healed: str = "", multiline: bool = False) -> str | None:
-    """The one-line (or, with ``multiline``, any-length) insert text; the original interface."""
-    multiline = multiline and not after.strip()
-    suggestion = clean_decoded(decoded, healed, multiline)
-    if suggestion is None:
-        return None
-    text = merge_with_suffix(suggestion, after)
-    if not text.strip() or text == after or text.rstrip() == after.rstrip():
         return None
     return text
 
@@ -239,26 +159,10 @@ def situation_for(text: str, offset: int, before: str, after: str, spec: Languag
                   multiline: str = "auto", max_lines: int = 12) -> Situation:
     """Everything post-processing needs, from the lines around the cursor only (cheap enough for
     the event loop, whatever the document's size)."""
-    end = endings.decide(text, offset, before, after, spec, multiline, max_lines)
-    below = text.find("\n", offset)
+    following = endings.next_code_line(text, offset)
+    end = endings.decide(text, offset, before, after, spec, multiline, max_lines, following)
+    lexis = lexis_for(spec.name)
     return Situation(
-        before=before, after=after,
-        next_line=next_code_line(text, below + 1) if below >= 0 else "",
-        open_brackets=unclosed_brackets(text[max(0, offset - SCAN_CHARS):offset], spec.comment),
-        ending=end, indent_unit=indent_unit(text, offset) if end.multiline else "")
-
-
-def next_code_line(text: str, start: int, scan: int = 50) -> str:
-    """The first non-blank line at or after ``start`` (within ``scan`` lines), without its break."""
-    pos = start
-    for _ in range(scan):
-        if pos >= len(text):
-            return ""
-        end = text.find("\n", pos)
-        line = text[pos:] if end < 0 else text[pos:end]
-        if line.strip():
-            return line.rstrip("\r")
-        if end < 0:
-            return ""
-        pos = end + 1
-    return ""
+        before=before, after=after, next_line=following,
+        open_brackets=unclosed(text[max(0, offset - SCAN_CHARS):offset], lexis), ending=end,
+        indent_unit=indent_unit(text, offset) if end.multiline else "", lexis=lexis)

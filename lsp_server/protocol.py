@@ -56,12 +56,32 @@ def _explain(exc: BaseException) -> str:
         return str(cause) or type(cause).__name__
 
 
+def with_default_params(data: Any) -> Any:
+    """``data`` with the params JSON-RPC lets a client leave out, filled in as null.
+
+    Neovim omits ``params`` when a plugin passes nil, and pygls' generic message types require the
+    field, so ``lsp_server/stats`` without params was InvalidParams. Absent means null: a method
+    with optional params accepts it, one whose params are required still gets InvalidParams. For
+    the same reason ``workspace/executeCommand``'s optional ``arguments`` becomes ``[]``: pygls
+    would call the command with none and answer InternalError instead of checking the count."""
+    if not isinstance(data, dict) or "method" not in data:
+        return data
+    if "params" not in data:
+        data = {**data, "params": None}
+    params = data["params"]
+    if (data["method"] == types.WORKSPACE_EXECUTE_COMMAND and isinstance(params, dict)
+            and params.get("arguments") is None):
+        data = {**data, "params": {**params, "arguments": []}}
+    return data
+
+
 class CompletionProtocol(LanguageServerProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initialize_received = False
 
     def structure_message(self, data: dict[str, Any]) -> Any:
+        data = with_default_params(data)
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:

@@ -159,9 +159,6 @@ class Scheduler:
             previous.future.set_result(Outcome("superseded"))
         return True
 
-    def pending(self) -> int:
-        return len(self._active)
-
     def close(self, timeout_s: float = 1.0) -> None:
         """Stop every job and the worker; safe to call twice and from a non-loop thread."""
         self._closed = True

@@ -219,6 +219,49 @@ def test_stats_command_and_checkhealth_report_the_model_and_the_latency(editor):
     assert_nothing_errored(editor)
 
 
+def typed_while_loading(home: Path, version: str, ghost_text: str) -> bool:
+    """A fresh editor and server; the keys go in before the model is ready, then none. False when
+    the model was ready before the keys (the case under test did not happen)."""
+    (home / "point.py").write_text("\n".join(POINT) + "\n")
+    editor = Editor(home, version, ghost_text)
+    try:
+        editor.nvim.command(f"edit {home / 'point.py'}")
+        editor.input(APPEND_AT_SELF_Y)  # the only keys: Insert mode at the end of `self.y`
+        editor.wait("Insert mode", lambda: editor.mode() == "i")
+
+        def load_ended() -> bool:
+            return any(e["kind"] == "progress_end" for e in editor.events())
+
+        if load_ended():
+            return False
+        typed_tick = editor.tick()
+        editor.wait("the model load to end", load_ended)
+        shown = editor.wait("the ghost text", editor.ghost_text, timeout_s=30.0)
+        assert [(g["row"], g["col"], g["text"]) for g in shown] == [(3, 14, " = y")]
+        events = editor.events()
+        end = next(i for i, e in enumerate(events) if e["kind"] == "progress_end")
+        asked = [e for e in events[end:] if e["kind"] == "pending"]
+        assert asked and asked[0]["tick"] == typed_tick == editor.tick()  # no key since
+        assert editor.lines() == POINT and editor.mode() == "i"
+        assert_nothing_errored(editor)
+        return True
+    finally:
+        editor.close()
+
+
+@pytest.mark.parametrize("variant", list(EDITORS))
+def test_what_was_typed_while_the_model_loaded_is_asked_again_when_it_is_ready(tmp_path, variant):
+    """Issue 15: an editor asks only when the user types, so a suggestion refused while the model
+    loaded never came without another key. The load's progress end makes the plugin ask again."""
+    version, ghost_text, _ = EDITORS[variant]
+    for attempt in range(MAX_TRIES):
+        home = tmp_path / f"try{attempt}"
+        home.mkdir()
+        if typed_while_loading(home, version, ghost_text):
+            return
+    pytest.fail(f"the model loaded before the first key in all {MAX_TRIES} tries")
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"ghost_text": "overlay"}, "ghost_text"),
     ({"cmd": []}, "cmd"),

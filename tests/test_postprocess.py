@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lsp_server.ending import decide
+from lsp_server.ending import decide, next_code_line
 from lsp_server.languages import SPECS
-from lsp_server.postprocess import balance, indent_unit, only_closers, unclosed_brackets
+from lsp_server.postprocess import indent_unit
 from tests.test_context import item_for
 
 
@@ -28,6 +28,9 @@ def at(source: str) -> tuple[str, int]:
     ('x = ‸', '   ', None),  # blank: no item
     ('x = ‸', '', None),
     ('value = compute(‸)', ')', None),  # leaves the line as it is
+    ('x = ‸   ', 'value  ', 'value'),  # trailing blanks of the line are replaced
+    ('s = ‸', 'caf\ufffd', 'caf'),  # a broken trailing character is dropped
+    ('s = ‸', 'abc\r\ndef', 'abc'),  # one line
 ])
 def test_one_line_items_against_what_the_editor_has(source, decoded, item):
     text, offset = at(source)
@@ -103,13 +106,13 @@ def test_when_a_block_body_is_offered(before, after, style, multi):
     spec = SPECS[style]
     text = before + after
     line = before.split("\n")[-1]
-    ending = decide(text, len(before), line, after.split("\n")[0], spec, "auto", 12)
+    ending = decide(text, len(before), line, after.split("\n")[0], spec, "auto", 12,
+                    next_code_line(text, len(before)))
     assert ending.multiline is multi
 
 
-def test_bracket_helpers():
-    assert unclosed_brackets("f(a, [1, 2], {'k': '('}\n") == "(" and unclosed_brackets("x = ')'  # (") == ""
-    assert unclosed_brackets("a = [\n  1,\n  (2", "#") == "[("
-    assert balance("x) + 1", "(") == "x) + 1" and balance("x) + 1", "") == "x"
-    assert balance('")"', "") == '")"'
-    assert only_closers(");") and only_closers('"]') and not only_closers(" + y)") and not only_closers("")
+def test_the_next_code_line_skips_blank_lines_and_stops_at_the_end():
+    text = "a = 1\n\n   \r\n  b = 2\r\nc"
+    assert next_code_line(text, 2) == "  b = 2"
+    assert next_code_line(text, len(text)) == "" and next_code_line("x", 0) == ""
+    assert next_code_line("x\n" + "\n" * 60 + "y", 0) == ""  # beyond the lines it looks at

@@ -10,7 +10,7 @@ from pygls.workspace import PositionCodec
 from lsp_server import config
 from lsp_server.context import MAX_CHARS_PER_TOKEN, ContextRequest, fit_tokens, plain_window
 from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
-from lsp_server.postprocess import clean_decoded, line_item_text, merge_with_suffix
+from lsp_server.postprocess import merge_with_suffix
 from lsp_server.stats import ServerStats, percentile
 
 # -- settings ---------------------------------------------------------------------------------------
@@ -114,7 +114,8 @@ def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
 
 def test_lone_surrogates_do_not_reach_the_tokenizer():
     prompt = plain_window(ContextRequest("s = '\ud800'", 10, 100))
-    prompt.text.encode("utf-8")
+    assert prompt.text == "s = '?'"  # a surrogate the client split is replaced, the rest kept
+    assert prompt.text.encode("utf-8") == b"s = '?'"
 
 
 def test_fit_tokens_keeps_the_end_within_the_budget():
@@ -131,33 +132,10 @@ def test_fit_tokens_keeps_the_end_within_the_budget():
 # -- post-processing ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("decoded", "after", "healed", "expected"), [
-    (" = y\n        z = 1", "", "", " = y"),  # one line
-    ("   \n", "", "", None),  # blank: no item
-    ("", "", "", None),
-    ("\nfoo", "", "", None),
-    (" self.y = y", "", " ", "self.y = y"),  # the held-back space is stripped
-    ("self.y = y", "", " ", None),  # the model did not continue with the user's space
-    ("a, b)", ")", "", "a, b)"),  # the suffix is already in the suggestion
-    ("a, b", ")", "", "a, b)"),  # the suffix is kept after it
-    ("x)", "):", "", "x):"),  # overlap is not repeated
-    ("name)", "name)", "", None),  # retyping what is there is no suggestion
-    ("value  ", "   ", "", "value"),  # trailing blanks of the line are replaced
-    ("caf\ufffd", "", "", "caf"),  # a broken trailing character is dropped
-])
-def test_line_item_text(decoded, after, healed, expected):
-    assert line_item_text(decoded, after, healed) == expected
-
-
-def test_multiline_only_where_the_rest_of_the_line_is_blank():
-    assert line_item_text("a = 1\nb = 2\n", "", multiline=True) == "a = 1\nb = 2"
-    assert line_item_text("a = 1\nb = 2\n", ")", multiline=True) == "a = 1)"
-
-
-def test_merge_and_clean_helpers():
+def test_merge_with_suffix():
     assert merge_with_suffix("foo(a)", ")") == "foo(a)"
     assert merge_with_suffix("x + 1", "  # note") == "x + 1  # note"
-    assert clean_decoded("abc\r\ndef") == "abc"
+    assert merge_with_suffix("x)", "):") == "x):"
 
 
 # -- documents and cursors ------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 --   _G.test.events: inline-completion requests sent / answered / cancelled, and every extmark
 --     drawn with virtual text (the ghost text of either path), in the order they happened, each
 --     with the buffer's changedtick at that moment;
---   _G.test.notes: every vim.notify message.
+--   _G.test.notes: every vim.notify message;
+--   work-done progress of any client ('progress_begin' / 'progress_report' / 'progress_end', with
+--     its token) among the events.
 local env = vim.env
 vim.opt.rtp:prepend(env.SC_PLUGIN_DIR)
 vim.opt.swapfile = false
@@ -43,6 +45,17 @@ api.nvim_create_autocmd('LspRequest', {
         tick = api.nvim_buf_get_changedtick(request.bufnr),
       })
     end
+  end,
+})
+
+api.nvim_create_autocmd('LspProgress', {
+  callback = function(args)
+    local params = args.data.params or {}
+    table.insert(events, {
+      kind = 'progress_' .. tostring(type(params.value) == 'table' and params.value.kind),
+      token = params.token,
+      tick = api.nvim_buf_get_changedtick(0),
+    })
   end,
 })
 

@@ -27,6 +27,7 @@ import {
 } from './settings';
 import {
   type ClientState,
+  isLoadEnd,
   nextPollMs,
   parseStats,
   type Stats,
@@ -91,6 +92,12 @@ export class Controller implements vscode.Disposable {
             this.render();
           }
           return result;
+        },
+        handleWorkDoneProgress: (token, params, next) => {
+          next(token, params);
+          if (isLoadEnd(token, params) && this.enabled()) {
+            void this.reask();
+          }
         },
         workspace: {
           // The server asks for its section: give it only its own settings, as sent at start.
@@ -180,6 +187,13 @@ export class Controller implements vscode.Disposable {
         ? vscode.ConfigurationTarget.Workspace
         : vscode.ConfigurationTarget.Global;
     await config.update('enabled', !this.enabled(), target);
+  }
+
+  /** Ask for an inline suggestion where the cursor is now, without a keystroke. */
+  private async reask(): Promise<void> {
+    if (vscode.window.activeTextEditor) {
+      await vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
+    }
   }
 
   async showStats(): Promise<void> {

@@ -4,6 +4,19 @@
  */
 
 export const STATS_METHOD = 'lsp_server/stats';
+/** The prefix of the work-done progress tokens of the server's model loads. */
+export const LOAD_PROGRESS_PREFIX = 'lsp_server/load/';
+
+/**
+ * Whether a `$/progress` notification ends a model load of the server. VS Code asks for inline
+ * completions only when the user types, so what was typed while the model loaded got an empty
+ * answer: at this moment the extension asks again where the cursor is.
+ */
+export function isLoadEnd(token: string | number, value: unknown): boolean {
+  return (
+    typeof token === 'string' && token.startsWith(LOAD_PROGRESS_PREFIX) && record(value)['kind'] === 'end'
+  );
+}
 
 export type ModelStatus = 'idle' | 'loading' | 'ready' | 'failed';
 

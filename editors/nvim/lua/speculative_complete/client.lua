@@ -10,6 +10,7 @@ local has_method_calls = vim.fn.has('nvim-0.11') == 1 -- 0.10's client methods t
 M.INLINE = 'textDocument/inlineCompletion'
 M.STATS = 'lsp_server/stats'
 M.REQUEST_CANCELLED = -32800
+M.LOAD_PROGRESS = 'lsp_server/load/' -- the prefix of the server's model-load work-done tokens
 
 --- client:method(...) on 0.11+, client.method(...) on 0.10.
 function M.call(client, method, ...)
@@ -26,6 +27,18 @@ end
 --- The running client, or nil.
 function M.get()
   return vim.lsp.get_clients({ name = config.NAME })[1]
+end
+
+--- Whether an LspProgress event's data is the end of a model load by the plugin's server: the
+--- moment suggestions refused while the model was loading become possible.
+function M.is_load_end(data)
+  local params = type(data) == 'table' and data.params or {}
+  local token, value = params.token, params.value
+  return type(token) == 'string'
+    and token:sub(1, #M.LOAD_PROGRESS) == M.LOAD_PROGRESS
+    and type(value) == 'table'
+    and value.kind == 'end'
+    and M.is_ours(vim.lsp.get_client_by_id(data.client_id))
 end
 
 --- Cancel the client's pending inline-completion requests for `bufnr`.

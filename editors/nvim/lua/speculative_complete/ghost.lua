@@ -248,6 +248,14 @@ function M.attach(bufnr, client)
   })
 end
 
+--- Ask again where the cursor is (the model just became ready), if `bufnr` is in Insert mode.
+function M.reask(bufnr)
+  if buffers[bufnr] and options.enabled and snapshot(bufnr) then
+    M.dismiss(bufnr)
+    request(bufnr)
+  end
+end
+
 --- Accept the suggestion shown in `bufnr`: true when there is one (it is applied right after, so
 --- this can run inside an <expr> mapping), false when there is nothing to accept.
 function M.accept(bufnr)

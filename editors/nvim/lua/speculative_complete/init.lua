@@ -155,6 +155,19 @@ function M.setup(opts)
     end,
   })
   api.nvim_create_autocmd('LspRequest', { group = group, callback = lsp_client.track })
+  -- An editor asks only when the user types: what was typed while the model loaded got an empty
+  -- answer, so when the load ends the cursor's position is asked about again.
+  api.nvim_create_autocmd('LspProgress', {
+    group = group,
+    pattern = 'end',
+    callback = function(args)
+      if M.enabled and lsp_client.is_load_end(args.data) then
+        vim.schedule(function()
+          path_module().reask(api.nvim_get_current_buf())
+        end)
+      end
+    end,
+  })
   api.nvim_create_autocmd('ColorScheme', {
     group = group,
     callback = function()

@@ -104,6 +104,28 @@ function M.attach(bufnr, client)
   end
 end
 
+--- Ask again where the cursor is (the model just became ready), if `bufnr` is in Insert mode:
+--- Neovim asks only on InsertEnter, CursorMovedI and TextChangedP. Through its Completor (the
+--- class the guards wrap), else by running that Completor's own CursorMovedI autocommand.
+function M.reask(bufnr)
+  if not attached[bufnr] or not enabled or api.nvim_get_current_buf() ~= bufnr then
+    return
+  end
+  if api.nvim_get_mode().mode:sub(1, 1) ~= 'i' then
+    return
+  end
+  local ok = pcall(function()
+    local completor = vim.lsp._capability.all.inline_completion.active[bufnr]
+    completor:request(vim.lsp.protocol.InlineCompletionTriggerKind.Automatic)
+  end)
+  if not ok then
+    pcall(api.nvim_exec_autocmds, 'CursorMovedI', {
+      group = 'nvim.lsp.inline_completion:' .. bufnr,
+      modeline = false,
+    })
+  end
+end
+
 function M.accept(bufnr)
   return attached[bufnr] ~= nil and vim.lsp.inline_completion.get({ bufnr = bufnr })
 end

@@ -15,7 +15,7 @@ import {
   StreamMessageWriter,
 } from 'vscode-jsonrpc/node';
 import { launchSettings, serverCommand, serverPayload, serverSettings } from '../settings';
-import { parseStats, type Stats, STATS_METHOD, statusFor } from '../status';
+import { isLoadEnd, parseStats, type Stats, STATS_METHOD, statusFor } from '../status';
 
 const LOAD_TIMEOUT_MS = 180_000; // hang guard only: the first start on a machine converts the model
 const URI = 'file:///work/point.py';
@@ -33,6 +33,7 @@ describe('the extension logic against lsp_server', { skip }, () => {
   let server: ChildProcessWithoutNullStreams;
   let connection: MessageConnection;
   let stderr = '';
+  const progress: { token: string | number; value: unknown }[] = []; // every $/progress, in order
 
   async function stats(): Promise<{ raw: Record<string, unknown>; stats: Stats }> {
     const raw = await connection.sendRequest<Record<string, unknown>>(STATS_METHOD, {});
@@ -59,6 +60,7 @@ describe('the extension logic against lsp_server', { skip }, () => {
     connection.onRequest('window/workDoneProgress/create', () => null);
     connection.onRequest('workspace/configuration', () => [serverSettings(explicit)]);
     connection.onNotification(() => undefined);
+    connection.onUnhandledProgress((params) => progress.push(params));
     connection.listen();
     const result = await connection.sendRequest<{ capabilities: Record<string, unknown> }>('initialize', {
       processId: process.pid,
@@ -91,6 +93,21 @@ describe('the extension logic against lsp_server', { skip }, () => {
       assert.ok(Date.now() < deadline, 'the model never loaded');
       await new Promise((resolve) => setTimeout(resolve, 200));
     }
+  });
+
+  it('ends the load with the progress end the extension asks again at, and only then', async () => {
+    const deadline = Date.now() + 30_000; // the end follows the ready state by a message
+    while (!progress.some(({ token, value }) => isLoadEnd(token, value))) {
+      assert.ok(Date.now() < deadline, `no load end among ${JSON.stringify(progress)}`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    const ends = progress.filter(({ token, value }) => isLoadEnd(token, value));
+    assert.equal(ends.length, 1);
+    const token = ends[0]?.token;
+    const kinds = progress.filter((p) => p.token === token).map((p) => (p.value as { kind: string }).kind);
+    assert.equal(kinds[0], 'begin');
+    assert.equal(kinds.at(-1), 'end');
+    assert.ok(kinds.slice(0, -1).every((kind) => kind !== 'end'));
   });
 
   it('applies the settings from initializationOptions', async () => {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { formatMs, nextPollMs, parseStats, statusFor, summary } from '../status';
+import { formatMs, isLoadEnd, nextPollMs, parseStats, statusFor, summary } from '../status';
 
 /** An lsp_server/stats answer of lsp_server 0.1.0 after one suggestion. */
 const READY = {
@@ -143,5 +143,18 @@ describe('the rest', () => {
       'latency p50 1.3 s, p95 1.3 s',
       'tokens per target pass 1.00',
     ]);
+  });
+});
+
+describe('isLoadEnd', () => {
+  it('is the end of a model-load progress of the server, nothing else', () => {
+    const token = 'lsp_server/load/0123456789ab';
+    assert.equal(isLoadEnd(token, { kind: 'end', message: 'model loaded on cpu' }), true);
+    assert.equal(isLoadEnd(token, { kind: 'end' }), true);
+    assert.equal(isLoadEnd(token, { kind: 'begin', title: 'lsp_server' }), false);
+    assert.equal(isLoadEnd(token, { kind: 'report', message: 'reading weights' }), false);
+    assert.equal(isLoadEnd('other-server/indexing', { kind: 'end' }), false);
+    assert.equal(isLoadEnd(7, { kind: 'end' }), false);
+    assert.equal(isLoadEnd(token, null), false);
   });
 });
