@@ -126,10 +126,10 @@ def serve_stdio(server: CompletionServer) -> None:
 def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
     from pygls.io_ import run_async
 
-    from lsp_server.protocol import Utf8RepairingReader
+    from lsp_server.protocol import Utf8RepairingReader, stop_with
 
     stop = threading.Event()
-    server._stop_event = stop  # what pygls' shutdown() sets to end the read loop
+    stop_with(server, stop)
 
     async def serve() -> None:
         finished = asyncio.Event()

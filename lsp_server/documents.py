@@ -4,7 +4,8 @@ pygls keeps the open documents in sync (incremental edits, position codec) and w
 that, with one correction: its ``TextDocument.lines`` uses ``str.splitlines``, which also breaks
 at form feed, vertical tab, \\x1c-\\x1e, NEL and U+2028/U+2029. LSP counts only ``\\n``, ``\\r\\n``
 and ``\\r``, so a Python file with a form feed (common in old GNU code) or binary content would put
-every later edit and cursor on the wrong line. ``LspTextDocument`` splits the LSP way.
+every later edit and cursor on the wrong line. ``LspTextDocument`` splits the LSP way (the
+workspace is made to create them in ``protocol.py``, with pygls' other private members).
 """
 
 from __future__ import annotations
@@ -40,23 +41,6 @@ class LspTextDocument(TextDocument):
     @property
     def lines(self) -> Sequence[str]:
         return tuple(lsp_lines(self.source))
-
-
-class LspWorkspace(Workspace):
-    def _create_text_document(self, doc_uri: str, source: str | None = None, version: int | None = None,
-                              language_id: str | None = None) -> TextDocument:
-        return LspTextDocument(doc_uri, source=source, version=version, language_id=language_id,
-                               sync_kind=self._sync_kind, position_codec=self.position_codec)
-
-
-def use_lsp_line_model(workspace: Workspace) -> None:
-    """Make ``workspace`` create ``LspTextDocument``s; call it before any document is opened.
-
-    pygls builds its ``Workspace`` inside its own initialize handler, so the class is switched on
-    the instance (``LspWorkspace`` adds no state) rather than constructing a second one.
-    """
-    if not isinstance(workspace, LspWorkspace):
-        workspace.__class__ = LspWorkspace
 
 
 def open_document(workspace: Workspace, uri: str) -> TextDocument | None:

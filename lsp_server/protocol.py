@@ -1,5 +1,11 @@
 """pygls' protocol with the guarantees a completion server needs: every request gets an answer.
 
+This is the one module that touches pygls' private members (``_send_response``,
+``_request_futures``, ``_shutdown``, ``_workspace``, ``_handle_cancel_notification``,
+``_handle_response``, ``Workspace._create_text_document`` and ``_sync_kind``, the server's
+``_stop_event``); ``tests/test_pygls_private.py`` fails loudly on a pygls that moves one of them,
+and ``pyproject.toml`` pins the pygls versions they were checked against.
+
 pygls 2.1 leaves three kinds of request unanswered, so a client would wait on them forever:
 - params that fail to deserialize (a negative line, a missing field): the error is raised while
   parsing, before pygls knows it was a request, and only logged;
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import unquote
@@ -25,6 +32,10 @@ from pygls.exceptions import (
     JsonRpcServerNotInitialized,
 )
 from pygls.protocol import LanguageServerProtocol
+from pygls.server import JsonRPCServer
+from pygls.workspace import TextDocument, Workspace
+
+from lsp_server.documents import LspTextDocument
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +153,28 @@ class CompletionProtocol(LanguageServerProtocol):
             log.debug("response to request %s after the server stopped waiting: dropped", msg_id)
             return
         super()._handle_response(msg_id, result, error)
+
+
+class LspWorkspace(Workspace):
+    def _create_text_document(self, doc_uri: str, source: str | None = None, version: int | None = None,
+                              language_id: str | None = None) -> TextDocument:
+        return LspTextDocument(doc_uri, source=source, version=version, language_id=language_id,
+                               sync_kind=self._sync_kind, position_codec=self.position_codec)
+
+
+def use_lsp_line_model(workspace: Workspace) -> None:
+    """Make ``workspace`` create ``LspTextDocument``s; call it before any document is opened.
+
+    pygls builds its ``Workspace`` inside its own initialize handler, so the class is switched on
+    the instance (``LspWorkspace`` adds no state) rather than constructing a second one.
+    """
+    if not isinstance(workspace, LspWorkspace):
+        workspace.__class__ = LspWorkspace
+
+
+def stop_with(server: JsonRPCServer, event: threading.Event) -> None:
+    """Make pygls' ``shutdown()`` set ``event`` (it ends the read loop of a transport we run)."""
+    server._stop_event = event
 
 
 def _repair(body: bytes) -> bytes:

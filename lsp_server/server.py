@@ -17,9 +17,9 @@ from pygls.lsp.server import LanguageServer
 from lsp_server import __version__, lifecycle
 from lsp_server.completion import ACCEPTED_COMMAND, Completion, CompletionService
 from lsp_server.config import SECTION, Layered, Settings, layer
-from lsp_server.documents import open_document, use_lsp_line_model
+from lsp_server.documents import open_document
 from lsp_server.model_host import ModelHost
-from lsp_server.protocol import CompletionProtocol
+from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats
 
