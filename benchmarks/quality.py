@@ -175,8 +175,7 @@ class CaseResult:
 # -- the two prompts ---------------------------------------------------------------------------------
 class Variants:
     def __init__(self, engine, budget: int, max_new_tokens: int) -> None:
-        from lsp_server.context import ContextBuilder
-        from lsp_server.tokens import Tokens
+        from lsp_server.context import ContextBuilder, Tokens
 
         self.engine, self.budget, self.max_new = engine, budget, max_new_tokens
         self.tokens = Tokens.for_engine(engine)
@@ -202,8 +201,7 @@ class Variants:
     def context(self, case: Case, heal: bool = True) -> Run:
         from decoding import GenerationConfig
         from lsp_server import postprocess
-        from lsp_server.context import ContextRequest
-        from lsp_server.languages import detect
+        from lsp_server.context import ContextRequest, detect
 
         started = time.perf_counter()
         uri = f"file:///corpus/{case.file}"

@@ -29,16 +29,15 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.workspace import TextDocument
 
-from lsp_server import languages, postprocess
+from lsp_server import postprocess
 from lsp_server.config import Settings
-from lsp_server.context import ContextBuilder, ContextRequest, Prompt
+from lsp_server.context import ContextBuilder, ContextRequest, OpenDocument, Prompt, detect
 from lsp_server.documents import Cursor, PositionError, locate
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
 from lsp_server.postprocess import Situation
 from lsp_server.reuse import Key, SuggestionMemory
 from lsp_server.scheduler import Outcome, Scheduler
-from lsp_server.snippets import OpenDocument
 from lsp_server.sources import DocumentSnapshot
 from lsp_server.stats import ServerStats
 
@@ -193,7 +192,7 @@ class CompletionService:
         if not self.host.ready:
             return None, f"model {self.host.state.status}"
         text = document.source
-        spec = languages.detect(document.language_id, uri)
+        spec = detect(document.language_id, uri)
         others = tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items()
                        if u != uri) if settings.neighbor_snippets else ()
         # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.

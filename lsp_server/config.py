@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from lsp_server.context import FIM_SETTINGS as FIM_STYLES
+from lsp_server.context import is_fim_setting
 from lsp_server.ending import MULTILINE_MODES
-from lsp_server.fim import SETTING_NAMES as FIM_STYLES
-from lsp_server.fim import is_valid_setting as is_fim_setting
 
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES

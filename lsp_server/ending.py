@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lsp_server.brackets import C_LIKE, Lexis, closing_brace, lexis_for, without_comment
-from lsp_server.languages import LanguageSpec
+from lsp_server.context import LanguageSpec
 
 MultilineMode = Literal["auto", "never", "always"]
 MULTILINE_MODES = ("auto", "never", "always")

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from lsp_server.config import Settings
-from lsp_server.context import Prompt
+from lsp_server.context import Prompt, Tokens
 from lsp_server.ending import Ending
 from lsp_server.sources import DocumentSnapshot, DraftSources
-from lsp_server.tokens import Tokens
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from lsp_server import ending as endings
 from lsp_server.brackets import C_LIKE, Lexis, first_stray_closer, lexis_for, unclosed
+from lsp_server.context import LanguageSpec
 from lsp_server.ending import Ending
-from lsp_server.languages import LanguageSpec
 
 REPLACEMENT_CHAR = "\ufffd"  # what a token that splits a UTF-8 sequence decodes to
 SCAN_CHARS = 4000  # how much code before the cursor is scanned for unclosed brackets

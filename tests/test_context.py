@@ -14,13 +14,14 @@ from lsprotocol import types
 from pygls.workspace import PositionCodec
 from transformers import AutoTokenizer
 
-from lsp_server import fim, postprocess
-from lsp_server.context import ContextBuilder, ContextRequest, split_rows
+from lsp_server import postprocess
+from lsp_server.context import fim
+from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
+from lsp_server.context.languages import detect, grammar
+from lsp_server.context.snippets import OpenDocument, SnippetIndex
+from lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
+from lsp_server.context.tokens import Tokens
 from lsp_server.documents import LspTextDocument, locate
-from lsp_server.languages import detect, grammar
-from lsp_server.snippets import OpenDocument, SnippetIndex
-from lsp_server.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
-from lsp_server.tokens import Tokens
 from tests.golden_cases import CASES, Golden
 from tests.lsp_helpers import tokenizer_source
 
@@ -328,7 +329,7 @@ def test_split_rows_breaks_at_newlines_only():
 
 
 def test_the_edit_diff_is_exact_across_chunks(monkeypatch):
-    from lsp_server import syntax
+    from lsp_server.context import syntax
 
     monkeypatch.setattr(syntax, "_CHUNK", 4)
     rng = random.Random(7)

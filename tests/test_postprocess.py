@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from lsp_server.context.languages import SPECS
 from lsp_server.ending import decide, next_code_line
-from lsp_server.languages import SPECS
 from lsp_server.postprocess import indent_unit
 from tests.test_context import item_for
 

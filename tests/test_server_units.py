@@ -8,7 +8,7 @@ from lsprotocol import types
 from pygls.workspace import PositionCodec
 
 from lsp_server import config
-from lsp_server.context import MAX_CHARS_PER_TOKEN, ContextRequest, fit_tokens, plain_window
+from lsp_server.context.builder import MAX_CHARS_PER_TOKEN, ContextRequest, fit_tokens, plain_window
 from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
 from lsp_server.postprocess import merge_with_suffix
 from lsp_server.stats import ServerStats, percentile

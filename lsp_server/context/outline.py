@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lsp_server.languages import BLOCK_TYPES, import_query
-from lsp_server.syntax import to_bytes
+from lsp_server.context.languages import BLOCK_TYPES, import_query
+from lsp_server.context.syntax import to_bytes
 
 MAX_IMPORT_WRAPPER_ROWS = 12
 

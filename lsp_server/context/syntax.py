@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from lsp_server.languages import grammar
+from lsp_server.context.languages import grammar
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from lsp_server.tokens import Tokens
+from lsp_server.context.tokens import Tokens
 
 _MARKER = re.compile(r"<[^<>\s]{1,40}>")
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lsp_server.languages import uri_path
+from lsp_server.context.languages import uri_path
 
 WINDOW_LINES = 12
 WINDOW_STEP = 6

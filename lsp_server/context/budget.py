@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from lsp_server.outline import Outline, Unit, is_definition, split_lines
+from lsp_server.context.outline import Outline, Unit, is_definition, split_lines
 
 IMPORT_SHARE = 0.3
 MAX_SKIPS = 48  # units tried and found too big before giving up (bounds the tokenizer calls)

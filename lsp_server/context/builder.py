@@ -31,14 +31,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lsp_server import fim
-from lsp_server.budget import render, select_rows
-from lsp_server.languages import LanguageSpec, detect, grammar
-from lsp_server.outline import Outline, SyntaxOutline, text_outline
-from lsp_server.snippets import OpenDocument, Snippet, SnippetIndex
-from lsp_server.snippets import render as render_snippet
-from lsp_server.syntax import ParseCache, Window, to_bytes, window_for
-from lsp_server.tokens import Tokens
+from lsp_server.context import fim
+from lsp_server.context.budget import render, select_rows
+from lsp_server.context.languages import LanguageSpec, detect, grammar
+from lsp_server.context.outline import Outline, SyntaxOutline, text_outline
+from lsp_server.context.snippets import OpenDocument, Snippet, SnippetIndex
+from lsp_server.context.snippets import render as render_snippet
+from lsp_server.context.syntax import ParseCache, Window, to_bytes, window_for
+from lsp_server.context.tokens import Tokens
 
 log = logging.getLogger(__name__)
 

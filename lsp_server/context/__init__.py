@@ -1,0 +1,24 @@
+"""The prompt: what the model sees of a document, within a token budget.
+
+A closed group that needs only a tokenizer: ``builder.py`` (the prompt's layout and healing)
+over ``syntax.py`` (tree-sitter trees), ``outline.py`` and ``budget.py`` (which rows fit),
+``snippets.py`` (other open documents), ``fim.py`` (fill-in-the-middle templates),
+``languages.py`` (grammars and comment markers) and ``tokens.py`` (the tokenizer as counted).
+The rest of the server uses only what this module exports.
+"""
+
+from lsp_server.context.builder import (
+    ContextBuilder,
+    ContextRequest,
+    Prompt,
+    fit_tokens,
+    plain_window,
+)
+from lsp_server.context.fim import SETTING_NAMES as FIM_SETTINGS
+from lsp_server.context.fim import is_valid_setting as is_fim_setting
+from lsp_server.context.languages import LanguageSpec, detect, uri_path
+from lsp_server.context.snippets import OpenDocument
+from lsp_server.context.tokens import Tokens
+
+__all__ = ["FIM_SETTINGS", "ContextBuilder", "ContextRequest", "LanguageSpec", "OpenDocument", "Prompt",
+           "Tokens", "detect", "fit_tokens", "is_fim_setting", "plain_window", "uri_path"]
