@@ -43,7 +43,7 @@ class _StopWhen(StoppingCriteria):
             return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         new = input_ids[0, self.prompt_len:].tolist()
         _, _, reason, _ = self.engine.cut_at_stop(new, self.config.stops, self.engine.target.eos_token_ids,
-                                                  self.config.max_new_tokens)
+                                                  self.config.max_new_tokens, "", self.config.stop_when)
         done = reason is not None
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -90,7 +90,7 @@ class TransformersDecoder:
         stats.target_passes = self._passes
         new = out[0, len(prompt_ids):].tolist()
         kept, text, reason, consumed = self.engine.cut_at_stop(
-            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens)
+            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens, "", config.stop_when)
         if stop.cancelled:
             reason = "cancelled"
         # generate() reports no per-draft acceptance; tokens per target pass is what it tells.

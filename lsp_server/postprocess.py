@@ -106,9 +106,7 @@ def finish(decoded: str, situation: Situation) -> str | None:
     ending = situation.ending
     multiline = ending.multiline and not situation.after.strip()
     text = decoded.replace("\r\n", "\n")
-    if multiline:
-        cut = ending.cut(text)
-        text = text[:cut] if cut is not None else text
+    if multiline:  # the decode already ended where the block does (``GenerationConfig.stop_when``)
         text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
         if ending.from_header and not text.startswith("\n"):
             return None  # a body must start on a new line
