@@ -7,6 +7,12 @@ pygls 2.1 leaves three kinds of request unanswered, so a client would wait on th
 - requests after ``shutdown``: dropped silently.
 They get InvalidParams, ServerNotInitialized and InvalidRequest errors here. A body that is not
 valid UTF-8 would also be dropped unparsed; ``Utf8RepairingReader`` replaces the bad bytes.
+
+One frame with a Content-Length shorter than its body used to end the conversation: the rest of
+the body runs into the next frame's header line, pygls' header pattern must match a whole line,
+so that frame is skipped, and so is every one after it (each body, having no line break, runs
+into the next header). The readers here cut such a line back to its ``Content-Length:``, so the
+stream finds its frames again after one bad frame.
 """
 
 from __future__ import annotations
@@ -144,6 +150,18 @@ class CompletionProtocol(LanguageServerProtocol):
         super()._handle_response(msg_id, result, error)
 
 
+HEADER = b"Content-Length:"
+
+
+def _resync(line: bytes) -> bytes:
+    """A header line, without the bytes a wrong Content-Length left before it."""
+    at = line.find(HEADER)
+    if at > 0:
+        log.warning("skipped %d bytes before a Content-Length header (a frame's length was wrong)", at)
+        return line[at:]
+    return line
+
+
 def _repair(body: bytes) -> bytes:
     try:
         body.decode("utf-8")
@@ -160,7 +178,7 @@ class Utf8RepairingStdin:
         self._stream = stream
 
     def readline(self) -> bytes:
-        return self._stream.readline()
+        return _resync(self._stream.readline())
 
     def read(self, size: int) -> bytes:
         return _repair(self._stream.read(size))
@@ -173,7 +191,7 @@ class Utf8RepairingReader:
         self._reader = reader
 
     async def readline(self) -> bytes:
-        return await self._reader.readline()
+        return _resync(await self._reader.readline())
 
     async def readexactly(self, size: int) -> bytes:
         try:
