@@ -45,6 +45,16 @@ class MalformedRequest:
     jsonrpc: str = "2.0"
 
 
+@dataclass
+class MalformedNotification:
+    """A notification whose params did not match the method's schema: logged and dropped (there
+    is nobody to answer; pygls would show the user an "Error in server" message)."""
+
+    method: str
+    reason: str
+    jsonrpc: str = "2.0"
+
+
 def _explain(exc: BaseException) -> str:
     """cattrs' validation error as short lines: ``Position.line should be in range ... @ params.position``."""
     cause = exc.__cause__ or exc
@@ -91,11 +101,16 @@ class CompletionProtocol(LanguageServerProtocol):
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
-            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
-                return MalformedRequest(id=data["id"], method=data["method"], reason=_explain(exc))
+            if isinstance(data, dict) and isinstance(data.get("method"), str):
+                if "id" in data:
+                    return MalformedRequest(id=data["id"], method=data["method"], reason=_explain(exc))
+                return MalformedNotification(method=data["method"], reason=_explain(exc))
             raise
 
     def handle_message(self, message: Any) -> None:
+        if isinstance(message, MalformedNotification):
+            log.warning("dropped %s notification with invalid params: %s", message.method, message.reason)
+            return
         if isinstance(message, MalformedRequest):
             log.warning("invalid params for %s: %s", message.method, message.reason)
             self._reject(message.id, JsonRpcInvalidParams(
@@ -132,8 +147,8 @@ class CompletionProtocol(LanguageServerProtocol):
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         """A cancel that crossed its request's answer on the wire is routine (editors cancel at
         every keystroke) and LSP says to ignore it; pygls logs a warning, which Neovim copies
-        into its LSP log as an error."""
-        if msg_id not in self._request_futures:
+        into its LSP log as an error. An id that is no id at all (a list) is dropped the same way."""
+        if not isinstance(msg_id, (int, str)) or msg_id not in self._request_futures:
             log.debug("$/cancelRequest for %s: already answered", msg_id)
             return
         super()._handle_cancel_notification(msg_id)

@@ -43,3 +43,18 @@ async def test_after_a_bad_frame_the_next_one_is_read_and_answered(label):
             assert answer["result"]["requests"] == 0, (label, answer)
     finally:
         await server.kill()
+
+
+async def test_a_notification_with_bad_params_is_dropped_without_an_error_message_to_the_user():
+    server = await h.RawServer.start()
+    try:
+        await server.initialize()
+        server.notify("$/cancelRequest", {"id": [1]})
+        server.notify("textDocument/didOpen", None)
+        server.notify("textDocument/didChange", {"textDocument": {"uri": h.URI}})
+        answer = await server.request(1, h.STATS)
+        assert answer["result"]["requests"] == 0
+        shown = [n for n in server.notifications if n["method"] == "window/showMessage"]
+        assert shown == []
+    finally:
+        await server.kill()
