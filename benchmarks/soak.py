@@ -37,7 +37,7 @@ from typing import Any
 
 from benchmarks import soak_faults
 from benchmarks.soak_traffic import LANGUAGES, Doc, Typist, bad_frames, bad_requests, corpus, inline_params
-from benchmarks.soak_wire import ABSENT, Wire, rss_mb
+from benchmarks.soak_wire import ABSENT, Wire, inet_sockets, rss_mb
 
 log = logging.getLogger("benchmarks.soak")
 
@@ -84,6 +84,7 @@ class Tally:
     )  # id -> "result" | "result_or_cancel" | "invalid" ...
     rss: list[tuple[int, float]] = field(default_factory=list)  # (requests sent so far, MB)
     frames: dict[str, int] = field(default_factory=dict)
+    inet_sockets: int = 0  # the most TCP/UDP sockets the server held at a sample: none, over stdio
 
 
 class Soak:
@@ -218,6 +219,7 @@ class Soak:
             sample = rss_mb(self.wire.process.pid)
             if sample is not None:
                 self.tally.rss.append((self.tally.completion_requests, round(sample, 1)))
+            self.tally.inet_sockets = max(self.tally.inet_sockets, inet_sockets(self.wire.process.pid))
         if self.rng.random() < 0.3:
             await asyncio.sleep(self.rng.uniform(0.0, 0.02))  # a human pause now and then
 
@@ -431,6 +433,8 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
             log_dir,
         )
     problems += check_answers(wire, run.tally) + check_stats(stats, wire, run.tally, config.faults)
+    if run.tally.inet_sockets:
+        problems.append(f"the server held {run.tally.inet_sockets} network sockets under --stdio")
     if wire.protocol_errors:
         problems.append(f"not LSP on stdout: {wire.protocol_errors[:3]}")
     if code != 0:
@@ -479,6 +483,7 @@ def report(
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "figures": {
             "files": tally.files,
+            "network_sockets": tally.inet_sockets,
             "steps": tally.steps,
             "requests": len(tally.expect),
             "completion_requests": tally.completion_requests,

@@ -44,6 +44,25 @@ CAPABILITIES = {
 }
 
 
+def inet_sockets(pid: int) -> int:
+    """How many TCP/UDP sockets (IPv4 or IPv6) process ``pid`` holds (Linux /proc); the event
+    loop's own socketpair is a Unix socket and does not count."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    held = 0
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                held += int(len(fields) > 9 and fields[9] in inodes)
+    return held
+
+
 class Wire:
     """One connection to a server process (its stdio, or a TCP socket) and what it said."""
 
