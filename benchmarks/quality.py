@@ -175,7 +175,7 @@ class CaseResult:
 # -- the two prompts ---------------------------------------------------------------------------------
 class Variants:
     def __init__(self, engine, budget: int, max_new_tokens: int) -> None:
-        from lsp_server.context import ContextBuilder, Tokens
+        from lsp_server.context.builder import ContextBuilder, Tokens
 
         self.engine, self.budget, self.max_new = engine, budget, max_new_tokens
         self.tokens = Tokens.for_engine(engine)
@@ -183,7 +183,7 @@ class Variants:
 
     def naive(self, case: Case) -> Run:
         from decoding import GenerationConfig
-        from lsp_server.context import ContextRequest, fit_tokens, plain_window
+        from lsp_server.context.builder import ContextRequest, fit_tokens, plain_window
 
         started = time.perf_counter()
         prompt = plain_window(ContextRequest(case.text, case.offset, self.budget))
@@ -201,7 +201,7 @@ class Variants:
     def context(self, case: Case, heal: bool = True) -> Run:
         from decoding import GenerationConfig
         from lsp_server import postprocess
-        from lsp_server.context import ContextRequest, detect
+        from lsp_server.context.builder import ContextRequest, detect
 
         started = time.perf_counter()
         uri = f"file:///corpus/{case.file}"
@@ -241,7 +241,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def keystroke_share(variants: Variants, cases: Sequence[Case], lines_per_language: int) -> dict[str, Any]:
     """Type each sampled line from its indentation to its end, then the next line's first
     characters; for each keystroke, the share of the prompt's tokens shared with the previous one."""
-    from lsp_server.context import ContextRequest, fit_tokens, plain_window
+    from lsp_server.context.builder import ContextRequest, fit_tokens, plain_window
 
     totals = {"naive": [0, 0], "context": [0, 0]}
     keystrokes = 0

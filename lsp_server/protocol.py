@@ -13,6 +13,12 @@ pygls 2.1 leaves three kinds of request unanswered, so a client would wait on th
 - requests after ``shutdown``: dropped silently.
 They get InvalidParams, ServerNotInitialized and InvalidRequest errors here. A body that is not
 valid UTF-8 would also be dropped unparsed; ``Utf8RepairingReader`` replaces the bad bytes.
+
+One frame with a Content-Length shorter than its body used to end the conversation: the rest of
+the body runs into the next frame's header line, pygls' header pattern must match a whole line,
+so that frame is skipped, and so is every one after it (each body, having no line break, runs
+into the next header). The readers here cut such a line back to its ``Content-Length:``, so the
+stream finds its frames again after one bad frame.
 """
 
 from __future__ import annotations
@@ -45,6 +51,16 @@ class MalformedRequest:
     """A request whose params did not match the method's schema; answered with InvalidParams."""
 
     id: Any
+    method: str
+    reason: str
+    jsonrpc: str = "2.0"
+
+
+@dataclass
+class MalformedNotification:
+    """A notification whose params did not match the method's schema: logged and dropped (there
+    is nobody to answer; pygls would show the user an "Error in server" message)."""
+
     method: str
     reason: str
     jsonrpc: str = "2.0"
@@ -96,11 +112,16 @@ class CompletionProtocol(LanguageServerProtocol):
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
-            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
-                return MalformedRequest(id=data["id"], method=data["method"], reason=_explain(exc))
+            if isinstance(data, dict) and isinstance(data.get("method"), str):
+                if "id" in data:
+                    return MalformedRequest(id=data["id"], method=data["method"], reason=_explain(exc))
+                return MalformedNotification(method=data["method"], reason=_explain(exc))
             raise
 
     def handle_message(self, message: Any) -> None:
+        if isinstance(message, MalformedNotification):
+            log.warning("dropped %s notification with invalid params: %s", message.method, message.reason)
+            return
         if isinstance(message, MalformedRequest):
             log.warning("invalid params for %s: %s", message.method, message.reason)
             self._reject(message.id, JsonRpcInvalidParams(
@@ -137,8 +158,8 @@ class CompletionProtocol(LanguageServerProtocol):
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         """A cancel that crossed its request's answer on the wire is routine (editors cancel at
         every keystroke) and LSP says to ignore it; pygls logs a warning, which Neovim copies
-        into its LSP log as an error."""
-        if msg_id not in self._request_futures:
+        into its LSP log as an error. An id that is no id at all (a list) is dropped the same way."""
+        if not isinstance(msg_id, (int, str)) or msg_id not in self._request_futures:
             log.debug("$/cancelRequest for %s: already answered", msg_id)
             return
         super()._handle_cancel_notification(msg_id)
@@ -177,6 +198,18 @@ def stop_with(server: JsonRPCServer, event: threading.Event) -> None:
     server._stop_event = event
 
 
+HEADER = b"Content-Length:"
+
+
+def _resync(line: bytes) -> bytes:
+    """A header line, without the bytes a wrong Content-Length left before it."""
+    at = line.find(HEADER)
+    if at > 0:
+        log.warning("skipped %d bytes before a Content-Length header (a frame's length was wrong)", at)
+        return line[at:]
+    return line
+
+
 def _repair(body: bytes) -> bytes:
     try:
         body.decode("utf-8")
@@ -193,7 +226,7 @@ class Utf8RepairingStdin:
         self._stream = stream
 
     def readline(self) -> bytes:
-        return self._stream.readline()
+        return _resync(self._stream.readline())
 
     def read(self, size: int) -> bytes:
         return _repair(self._stream.read(size))
@@ -206,7 +239,7 @@ class Utf8RepairingReader:
         self._reader = reader
 
     async def readline(self) -> bytes:
-        return await self._reader.readline()
+        return _resync(await self._reader.readline())
 
     async def readexactly(self, size: int) -> bytes:
         try:

@@ -12,6 +12,11 @@ the job callable, so its logic is tested without a model.
 
 Background jobs (prefetch, indexing draft sources) use the worker only while no request needs
 it: any request's arrival stops every background job at its next step and skips queued ones.
+
+For the soak test only: ``LSP_SERVER_TEST_FAULTS=decode:N`` makes the N-th request job the worker
+runs raise ``InjectedFault`` from inside its decode, at the engine's second stop check (after the
+prefill), so the failure path is exercised mid-decode, with the KV cache borrowed. Unset, nothing
+changes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,6 +38,41 @@ T = TypeVar("T")
 StopCheck = Callable[[], bool]
 Job = Callable[[StopCheck], T]
 Status = Literal["done", "superseded", "cancelled", "failed"]
+
+
+FAULTS_ENV = "LSP_SERVER_TEST_FAULTS"
+
+
+class InjectedFault(RuntimeError):
+    """The exception ``LSP_SERVER_TEST_FAULTS`` raises inside one decode."""
+
+
+class _Faults:
+    """Which request job fails (``decode:N``, 1-based: the N-th, or the first after it whose
+    decode gets as far as a second stop check); read once, from the environment."""
+
+    def __init__(self, spec: str | None) -> None:
+        kind, _, number = (spec or "").partition(":")
+        self.target = int(number) if kind == "decode" and number.isdigit() else 0
+        self.jobs = 0
+        self.fired = False
+
+    def wrap(self, should_stop: StopCheck) -> StopCheck:
+        """The stop check of the next request job, raising at its second call while armed."""
+        self.jobs += 1
+        if not self.target or self.fired or self.jobs < self.target:
+            return should_stop
+        calls = 0
+
+        def failing() -> bool:
+            nonlocal calls
+            calls += 1
+            if calls >= 2 and not self.fired:
+                self.fired = True
+                log.warning("%s: request job %d fails mid-decode", FAULTS_ENV, self.jobs)
+                raise InjectedFault(f"{FAULTS_ENV}: injected into decode {self.jobs}")
+            return should_stop()
+        return failing
 
 
 @dataclass
@@ -87,6 +128,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self._faults = _Faults(os.environ.get(FAULTS_ENV))
 
     # -- event loop side ---------------------------------------------------------------------
     async def run(self, key: str, job: Job[T], *, debounce_s: float = 0.0,
@@ -193,7 +235,8 @@ class Scheduler:
                 ticket.resolve(Outcome(status, queued_ms=queued_ms))
                 continue
             try:
-                value = job(ticket.should_stop)
+                stop = ticket.should_stop if ticket.background else self._faults.wrap(ticket.should_stop)
+                value = job(stop)
                 outcome: Outcome = Outcome("done", value, budget_exhausted=ticket.budget_exhausted()
                                            and not ticket.cancel.is_set())
             except Exception as exc:
