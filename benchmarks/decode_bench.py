@@ -109,8 +109,14 @@ class PromptSource:
     (or shift) each other's draws, and a prompt is the same in every run on the same Python.
     """
 
-    def __init__(self, engine: SpeculativeEngine, files: Sequence[tuple[str, Path]], slice_name: str,
-                 prompt_tokens: int, seed: int) -> None:
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        files: Sequence[tuple[str, Path]],
+        slice_name: str,
+        prompt_tokens: int,
+        seed: int,
+    ) -> None:
         if slice_name not in SLICES:
             raise ValueError(f"unknown slice {slice_name!r}; choose from {', '.join(SLICES)}")
         self.engine, self.files, self.slice = engine, files, slice_name
@@ -164,26 +170,27 @@ class PromptSource:
         if ids is None:
             return None
         self._used.add((rel, index))
-        return Prompt(self.slice, rel, index + 1, column, "mid_line" if column > indent else "line_start",
-                      ids, expected)
+        return Prompt(
+            self.slice, rel, index + 1, column, "mid_line" if column > indent else "line_start", ids, expected
+        )
 
     def _cold(self, text: str, cursor: int) -> list[int] | None:
         """The last ``prompt_tokens`` tokens of the text before the cursor (cut at the token level)."""
-        ids = self.engine.encode(text[max(0, cursor - 10 * self.prompt_tokens):cursor])
-        return ids[-self.prompt_tokens:] if len(ids) >= self.prompt_tokens else None
+        ids = self.engine.encode(text[max(0, cursor - 10 * self.prompt_tokens) : cursor])
+        return ids[-self.prompt_tokens :] if len(ids) >= self.prompt_tokens else None
 
     def _repeat(self, lines: list[str], index: int, text: str, cursor: int) -> list[int] | None:
         """A block ending a few lines past the cursor line, a blank line, then the block again up to
         the cursor; the block starts at a line far enough up that the whole is ``prompt_tokens``."""
-        block_end = sum(len(x) for x in lines[:index + 1 + REPEAT_LINES_AFTER])
-        start = sum(len(x) for x in lines[:index + 1])  # moves up one line at a time
+        block_end = sum(len(x) for x in lines[: index + 1 + REPEAT_LINES_AFTER])
+        start = sum(len(x) for x in lines[: index + 1])  # moves up one line at a time
         for first in range(index, -1, -1):
             start -= len(lines[first])
             block = text[start:block_end]
             separator = "\n" if block.endswith("\n") else "\n\n"  # one blank line between the copies
             ids = self.engine.encode(block + separator + text[start:cursor])
             if len(ids) >= self.prompt_tokens:
-                return ids[-self.prompt_tokens:]
+                return ids[-self.prompt_tokens :]
         return None
 
 
@@ -232,12 +239,14 @@ class Bench:
     """Holds the models, the engine and one drafter per method for the whole run, so drafters
     learn acceptance statistics across prompts the way they do in a long-lived server."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None, *, max_new_tokens: int,
-                 peers: bool) -> None:
+    def __init__(
+        self, target: LoadedModel, draft: LoadedModel | None, *, max_new_tokens: int, peers: bool
+    ) -> None:
         self.target, self.draft = target, draft
         self.engine = SpeculativeEngine(target)
-        self.config = GenerationConfig(max_new_tokens=max_new_tokens, stop_at_newline=True,
-                                       prefill_chunk=ONE_PASS)
+        self.config = GenerationConfig(
+            max_new_tokens=max_new_tokens, stop_at_newline=True, prefill_chunk=ONE_PASS
+        )
         self.drafters: dict[str, Drafter | None] = {"plain": None}
         self.drafters["ngram"] = make_drafter("ngram", cost=self.engine.cost)
         if draft is not None:
@@ -265,53 +274,86 @@ class Bench:
         result = self.engine.generate(ids, self.config, drafter)
         return result, (time.perf_counter() - started) * 1000
 
-    def engine_record(self, method: str, timed: Sequence[tuple[GenerationResult, float]],
-                      plain: GenerationResult, prefill_ms: float) -> MethodRun:
+    def engine_record(
+        self,
+        method: str,
+        timed: Sequence[tuple[GenerationResult, float]],
+        plain: GenerationResult,
+        prefill_ms: float,
+    ) -> MethodRun:
         """The fastest of a method's runs on one prompt; a mismatch in any run counts."""
         result, total_ms = min(timed, key=lambda t: t[1])
         stats = result.stats
-        per = {name: {"drafts": s.drafts, "proposed": s.proposed, "accepted": s.accepted}
-               for name, s in stats.drafters.items()}
+        per = {
+            name: {"drafts": s.drafts, "proposed": s.proposed, "accepted": s.accepted}
+            for name, s in stats.drafters.items()
+        }
         return MethodRun(
-            method=method, total_ms=total_ms, decode_ms=total_ms - prefill_ms,
-            prefill_ms=stats.prefill_ms, engine_decode_ms=stats.decode_ms,
+            method=method,
+            total_ms=total_ms,
+            decode_ms=total_ms - prefill_ms,
+            prefill_ms=stats.prefill_ms,
+            engine_decode_ms=stats.decode_ms,
             produced_tokens=stats.produced_tokens,
             matches_plain=all(r.token_ids == plain.token_ids and r.text == plain.text for r, _ in timed),
-            stop_reason=result.stop_reason, target_passes=stats.target_passes,
-            tokens_per_pass=stats.tokens_per_pass, proposed=sum(s.proposed for s in stats.drafters.values()),
-            accepted=sum(s.accepted for s in stats.drafters.values()), drafters=per,
-            total_ms_all=[t for _, t in timed])
+            stop_reason=result.stop_reason,
+            target_passes=stats.target_passes,
+            tokens_per_pass=stats.tokens_per_pass,
+            proposed=sum(s.proposed for s in stats.drafters.values()),
+            accepted=sum(s.accepted for s in stats.drafters.values()),
+            drafters=per,
+            total_ms_all=[t for _, t in timed],
+        )
 
     def peer_tokens(self, method: str, ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
         x = torch.tensor([ids], dtype=torch.long, device=self.target.device)
         started = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                pad_token_id=self.pad_token_id, **self.peers[method])
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.pad_token_id,
+                **self.peers[method],
+            )
         total_ms = (time.perf_counter() - started) * 1000
-        return out[0, len(ids):].tolist(), total_ms
+        return out[0, len(ids) :].tolist(), total_ms
 
     def _peer_matches(self, tokens: list[int], plain: GenerationResult) -> tuple[bool, str]:
         eos = self.target.eos_token_ids
         cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
         text = self.engine.decode(tokens[:cut]).split("\n", 1)[0]
         kept = plain.token_ids
-        return tokens[:len(kept)] == kept and text == plain.text, "eos" if cut < len(tokens) else "max_tokens"
+        return tokens[: len(kept)] == kept and text == plain.text, "eos" if cut < len(
+            tokens
+        ) else "max_tokens"
 
-    def peer_record(self, method: str, timed: Sequence[tuple[list[int], float]], plain: GenerationResult,
-                    prefill_ms: float) -> MethodRun:
+    def peer_record(
+        self,
+        method: str,
+        timed: Sequence[tuple[list[int], float]],
+        plain: GenerationResult,
+        prefill_ms: float,
+    ) -> MethodRun:
         """The fastest of a peer's runs, its decode time measured against the engine's plain prefill."""
         tokens, total_ms = min(timed, key=lambda t: t[1])
         checks = [self._peer_matches(t, plain) for t, _ in timed]
         return MethodRun(
-            method=method, total_ms=total_ms, decode_ms=total_ms - prefill_ms,
-            prefill_ms=None, engine_decode_ms=None, produced_tokens=len(tokens),
+            method=method,
+            total_ms=total_ms,
+            decode_ms=total_ms - prefill_ms,
+            prefill_ms=None,
+            engine_decode_ms=None,
+            produced_tokens=len(tokens),
             matches_plain=all(ok for ok, _ in checks),
-            stop_reason=checks[0][1], total_ms_all=[t for _, t in timed])
+            stop_reason=checks[0][1],
+            total_ms_all=[t for _, t in timed],
+        )
 
-    def run_prompt(self, prompt: Prompt, number: int, first_plain: tuple[GenerationResult, float],
-                   repeats: int = 1) -> PromptRecord:
+    def run_prompt(
+        self, prompt: Prompt, number: int, first_plain: tuple[GenerationResult, float], repeats: int = 1
+    ) -> PromptRecord:
         """Every method on one prompt, ``repeats`` rounds, keeping each method's fastest run.
 
         Plain runs first (its first result is the reference and fixes the peers' token count);
@@ -338,9 +380,19 @@ class Bench:
         prefill_ms = min(r.stats.prefill_ms for r, _ in engine_runs["plain"])
         text = self.engine.decode(ids)
         record = PromptRecord(
-            slice=prompt.slice, index=number, file=prompt.file, line=prompt.line, column=prompt.column,
-            cursor=prompt.cursor, prompt_tokens=len(ids), prompt_tail=text[-80:], expected=prompt.expected,
-            plain_text=plain.text, exact=plain.text == prompt.expected, order=["plain", *order])
+            slice=prompt.slice,
+            index=number,
+            file=prompt.file,
+            line=prompt.line,
+            column=prompt.column,
+            cursor=prompt.cursor,
+            prompt_tokens=len(ids),
+            prompt_tail=text[-80:],
+            expected=prompt.expected,
+            plain_text=plain.text,
+            exact=plain.text == prompt.expected,
+            order=["plain", *order],
+        )
         for method in record.order:
             if method in peer_runs:
                 record.runs[method] = self.peer_record(method, peer_runs[method], plain, prefill_ms)
@@ -405,35 +457,50 @@ def summarize(records: Sequence[PromptRecord], methods: Sequence[str]) -> dict[s
                 agg = sources.setdefault(name, {"drafts": 0, "proposed": 0, "accepted": 0})
                 for key in agg:
                     agg[key] += s[key]
-        pairs = [(rec.runs["plain"], rec.runs[method]) for rec in records
-                 if method in rec.runs and "plain" in rec.runs]
+        pairs = [
+            (rec.runs["plain"], rec.runs[method])
+            for rec in records
+            if method in rec.runs and "plain" in rec.runs
+        ]
         entry: dict[str, Any] = {
             "n": len(runs),
             "mismatches": sum(not r.matches_plain for r in runs),
-            "decode_ms_median": _pct(decode, 50), "decode_ms_p95": _pct(decode, 95),
-            "total_ms_median": _pct(total, 50), "total_ms_p95": _pct(total, 95),
+            "decode_ms_median": _pct(decode, 50),
+            "decode_ms_p95": _pct(decode, 95),
+            "total_ms_median": _pct(total, 50),
+            "total_ms_p95": _pct(total, 95),
             "produced_tokens_mean": sum(r.produced_tokens for r in runs) / len(runs),
-            "tokens_per_pass_mean": (sum(r.tokens_per_pass for r in runs if r.tokens_per_pass is not None)
-                                     / len(runs)) if runs[0].tokens_per_pass is not None else None,
+            "tokens_per_pass_mean": (
+                sum(r.tokens_per_pass for r in runs if r.tokens_per_pass is not None) / len(runs)
+            )
+            if runs[0].tokens_per_pass is not None
+            else None,
             "acceptance": accepted / proposed if proposed else None,
-            "proposed": proposed, "accepted": accepted, "by_source": sources,
+            "proposed": proposed,
+            "accepted": accepted,
+            "by_source": sources,
             "x_plain_decode_median": _ratio(plain_dec, _pct(decode, 50)),
-            "x_plain_decode_geomean": _geomean([_floored(p.decode_ms) / _floored(m.decode_ms)
-                                                for p, m in pairs]),
+            "x_plain_decode_geomean": _geomean(
+                [_floored(p.decode_ms) / _floored(m.decode_ms) for p, m in pairs]
+            ),
             "x_plain_total_median": _ratio(plain_tot, _pct(total, 50)),
             "x_plain_total_geomean": _geomean([p.total_ms / m.total_ms for p, m in pairs]),
         }
         if hf:
-            hf_pairs = [(rec.runs["hf_greedy"], rec.runs[method]) for rec in records
-                        if method in rec.runs and "hf_greedy" in rec.runs]
+            hf_pairs = [
+                (rec.runs["hf_greedy"], rec.runs[method])
+                for rec in records
+                if method in rec.runs and "hf_greedy" in rec.runs
+            ]
             entry["x_hf_greedy_total_median"] = _ratio(hf_tot, _pct(total, 50))
             entry["x_hf_greedy_total_geomean"] = _geomean([h.total_ms / m.total_ms for h, m in hf_pairs])
         out[method] = entry
     return out
 
 
-def check_targets(summary: dict[str, dict[str, Any]],
-                  records: Sequence[PromptRecord]) -> list[dict[str, Any]]:
+def check_targets(
+    summary: dict[str, dict[str, Any]], records: Sequence[PromptRecord]
+) -> list[dict[str, Any]]:
     """The goals from the issue, each with what this run observed (ratios of medians, and the
     per-prompt geometric mean where the two methods ran on the same prompts)."""
     checks = []
@@ -441,25 +508,49 @@ def check_targets(summary: dict[str, dict[str, Any]],
     def pair_geo(slice_name: str, fast: str, slow: str, key: str) -> float | None:
         def value(run: MethodRun) -> float:
             return _floored(run.decode_ms) if key == "decode_ms" else run.total_ms
-        return _geomean([value(r.runs[slow]) / value(r.runs[fast]) for r in records
-                         if r.slice == slice_name and fast in r.runs and slow in r.runs])
+
+        return _geomean(
+            [
+                value(r.runs[slow]) / value(r.runs[fast])
+                for r in records
+                if r.slice == slice_name and fast in r.runs and slow in r.runs
+            ]
+        )
 
     for slice_name, methods in summary.items():
         auto, plain, hfpl = methods.get("auto"), methods.get("plain"), methods.get("hf_prompt_lookup")
         if auto and plain:
-            checks.append({"slice": slice_name, "goal": "auto not slower than plain (decode)", "need": 1.0,
-                           "median": auto["x_plain_decode_median"],
-                           "geomean": auto["x_plain_decode_geomean"]})
+            checks.append(
+                {
+                    "slice": slice_name,
+                    "goal": "auto not slower than plain (decode)",
+                    "need": 1.0,
+                    "median": auto["x_plain_decode_median"],
+                    "geomean": auto["x_plain_decode_geomean"],
+                }
+            )
             if slice_name == "repeat":
-                checks.append({"slice": slice_name, "goal": "auto >= 2.5x plain (decode)", "need": 2.5,
-                               "median": auto["x_plain_decode_median"],
-                               "geomean": auto["x_plain_decode_geomean"]})
+                checks.append(
+                    {
+                        "slice": slice_name,
+                        "goal": "auto >= 2.5x plain (decode)",
+                        "need": 2.5,
+                        "median": auto["x_plain_decode_median"],
+                        "geomean": auto["x_plain_decode_geomean"],
+                    }
+                )
         if auto and hfpl:
             for key, label in (("decode_ms", "decode"), ("total_ms", "total")):
                 med = _ratio(hfpl[f"{key}_median"], auto[f"{key}_median"])
-                checks.append({"slice": slice_name, "goal": f"auto >= 1.5x hf_prompt_lookup ({label})",
-                               "need": 1.5, "median": med,
-                               "geomean": pair_geo(slice_name, "auto", "hf_prompt_lookup", key)})
+                checks.append(
+                    {
+                        "slice": slice_name,
+                        "goal": f"auto >= 1.5x hf_prompt_lookup ({label})",
+                        "need": 1.5,
+                        "median": med,
+                        "geomean": pair_geo(slice_name, "auto", "hf_prompt_lookup", key),
+                    }
+                )
     for check in checks:
         check["met"] = check["median"] is not None and check["median"] >= check["need"]
     return checks
@@ -470,17 +561,27 @@ def _f(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_tables(summary: dict[str, dict[str, Any]], targets: list[dict[str, Any]],
-                  skipped: dict[str, int], exact: dict[str, float]) -> str:
-    head = (f"{'method':<17}{'n':>4}{'mism':>5}{'dec med':>9}{'dec p95':>9}{'tot med':>9}{'tot p95':>9}"
-            f"{'tok/pass':>9}{'accept':>8}{'x plain':>9}{'x pl geo':>9}{'x plain':>9}{'x hf':>7}")
-    sub = (f"{'':<17}{'':>4}{'':>5}{'ms':>9}{'ms':>9}{'ms':>9}{'ms':>9}"
-           f"{'':>9}{'':>8}{'decode':>9}{'decode':>9}{'total':>9}{'total':>7}")
+def format_tables(
+    summary: dict[str, dict[str, Any]],
+    targets: list[dict[str, Any]],
+    skipped: dict[str, int],
+    exact: dict[str, float],
+) -> str:
+    head = (
+        f"{'method':<17}{'n':>4}{'mism':>5}{'dec med':>9}{'dec p95':>9}{'tot med':>9}{'tot p95':>9}"
+        f"{'tok/pass':>9}{'accept':>8}{'x plain':>9}{'x pl geo':>9}{'x plain':>9}{'x hf':>7}"
+    )
+    sub = (
+        f"{'':<17}{'':>4}{'':>5}{'ms':>9}{'ms':>9}{'ms':>9}{'ms':>9}"
+        f"{'':>9}{'':>8}{'decode':>9}{'decode':>9}{'total':>9}{'total':>7}"
+    )
     lines = []
     for slice_name, methods in summary.items():
-        lines.append(f"\n== slice {slice_name}: plain greedy exact on {exact.get(slice_name, 0):.0%} "
-                     f"of lines; {skipped.get(slice_name, 0)} candidate prompt(s) replaced "
-                     f"(plain greedy wrote too little)")
+        lines.append(
+            f"\n== slice {slice_name}: plain greedy exact on {exact.get(slice_name, 0):.0%} "
+            f"of lines; {skipped.get(slice_name, 0)} candidate prompt(s) replaced "
+            f"(plain greedy wrote too little)"
+        )
         lines += [head, sub]
         for method, s in methods.items():
             star = " "
@@ -489,32 +590,53 @@ def format_tables(summary: dict[str, dict[str, Any]], targets: list[dict[str, An
                 f"{_f(s['decode_ms_p95']):>8}{star}{_f(s['total_ms_median']):>9}{_f(s['total_ms_p95']):>9}"
                 f"{_f(s['tokens_per_pass_mean'], '.2f'):>9}{_f(s['acceptance'], '.0%'):>8}"
                 f"{_f(s['x_plain_decode_median'], '.2f'):>9}{_f(s['x_plain_decode_geomean'], '.2f'):>9}"
-                f"{_f(s['x_plain_total_median'], '.2f'):>9}{_f(s.get('x_hf_greedy_total_median'), '.2f'):>7}")
-    lines.append("\ndecode = total - plain greedy's prefill of the same prompt in this run, for every "
-                 "method (the engine verifies its first draft inside the prefill pass).")
-    lines.append("x plain = plain median / method median; x pl geo = per-prompt geometric mean; "
-                 "x hf = hf_greedy median total / method median total.")
+                f"{_f(s['x_plain_total_median'], '.2f'):>9}{_f(s.get('x_hf_greedy_total_median'), '.2f'):>7}"
+            )
+    lines.append(
+        "\ndecode = total - plain greedy's prefill of the same prompt in this run, for every "
+        "method (the engine verifies its first draft inside the prefill pass)."
+    )
+    lines.append(
+        "x plain = plain median / method median; x pl geo = per-prompt geometric mean; "
+        "x hf = hf_greedy median total / method median total."
+    )
     if targets:
         lines.append("\ngoals:")
         for t in targets:
-            lines.append(f"  [{'met' if t['met'] else 'NOT MET'}] {t['slice']}: {t['goal']}: median ratio "
-                         f"{_f(t['median'], '.2f')}, per-prompt geomean {_f(t['geomean'], '.2f')}")
+            lines.append(
+                f"  [{'met' if t['met'] else 'NOT MET'}] {t['slice']}: {t['goal']}: median ratio "
+                f"{_f(t['median'], '.2f')}, per-prompt geomean {_f(t['geomean'], '.2f')}"
+            )
     return "\n".join(lines)
 
 
 def environment(target: LoadedModel, draft: LoadedModel | None) -> dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
-        "python": platform.python_version(), "platform": platform.platform(),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "device": str(target.device), "target_dtype": str(target.dtype), "target_source": target.source,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(target.device),
+        "target_dtype": str(target.dtype),
+        "target_source": target.source,
         "draft_dtype": str(draft.dtype) if draft else None,
-        "stdlib": sysconfig.get_paths()["stdlib"], "git_commit": commit,
+        "stdlib": sysconfig.get_paths()["stdlib"],
+        "git_commit": commit,
         "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
@@ -556,25 +678,41 @@ def plot(path: Path, summary: dict[str, dict[str, Any]]) -> Path | None:
 
 # -- main ---------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.decode_bench",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.decode_bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--n", type=int, default=50, help="generations per slice (default 50)")
     parser.add_argument("--slices", default=",".join(SLICES), help="comma-separated: cold,repeat")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--prompt-tokens", type=int, default=448, help="tokens before the cursor")
-    parser.add_argument("--no-draft-model", action="store_true",
-                        help="skip the bf16 draft model (no model and hf_assisted; auto uses n-grams only)")
+    parser.add_argument(
+        "--no-draft-model",
+        action="store_true",
+        help="skip the bf16 draft model (no model and hf_assisted; auto uses n-grams only)",
+    )
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' generate() peers")
-    parser.add_argument("--min-new-tokens", type=int, default=1,
-                        help="replace a prompt where plain greedy returns fewer tokens (default 1: it "
-                             "wrote nothing, so there is no decode to time)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="rounds of every method per prompt, keeping each one's fastest (a shared "
-                             "machine's load spikes hit single runs)")
+    parser.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=1,
+        help="replace a prompt where plain greedy returns fewer tokens (default 1: it "
+        "wrote nothing, so there is no decode to time)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of every method per prompt, keeping each one's fastest (a shared "
+        "machine's load spikes hit single runs)",
+    )
     parser.add_argument("--model", default="default", help="target model (load_model spec)")
-    parser.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
-                        help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
-                             "none: dequantized fp32, the only format transformers' peers can run)")
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=QUANTIZATIONS,
+        help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
+        "none: dequantized fp32, the only format transformers' peers can run)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-level", default="INFO")
@@ -590,8 +728,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
 
@@ -603,8 +744,9 @@ def main(argv: list[str] | None = None) -> int:
         draft = load_model(args.model, dtype="bfloat16", quantization="none")
         check_draft_compatible(target, draft)
     log.info("models loaded in %.1f s (%s weights)", time.perf_counter() - started, target.quantization)
-    bench = Bench(target, draft, max_new_tokens=args.max_new_tokens,
-                  peers=not args.no_peers and in_transformers)
+    bench = Bench(
+        target, draft, max_new_tokens=args.max_new_tokens, peers=not args.no_peers and in_transformers
+    )
     log.info("methods: %s", ", ".join(bench.methods))
     files = stdlib_files()
 
@@ -625,44 +767,81 @@ def main(argv: list[str] | None = None) -> int:
                 plain = plain_timed[0]
                 if len(plain.token_ids) < args.min_new_tokens:
                     skipped[slice_name] += 1
-                    skipped_prompts.append({"slice": slice_name, "file": prompt.file, "line": prompt.line,
-                                            "cursor": prompt.cursor, "expected": prompt.expected,
-                                            "plain_text": plain.text, "stop_reason": plain.stop_reason})
-                    log.info("replacing %s:%d %s: plain greedy wrote %r", prompt.file, prompt.line,
-                             prompt.cursor, plain.text)
+                    skipped_prompts.append(
+                        {
+                            "slice": slice_name,
+                            "file": prompt.file,
+                            "line": prompt.line,
+                            "cursor": prompt.cursor,
+                            "expected": prompt.expected,
+                            "plain_text": plain.text,
+                            "stop_reason": plain.stop_reason,
+                        }
+                    )
+                    log.info(
+                        "replacing %s:%d %s: plain greedy wrote %r",
+                        prompt.file,
+                        prompt.line,
+                        prompt.cursor,
+                        plain.text,
+                    )
                     continue
                 record = bench.run_prompt(prompt, len(records), plain_timed, args.repeats)
                 records.append(record)
                 done += 1
-                log.info("%s %d/%d %s:%d %s plain %.0f ms/%d tok | %s", slice_name, done, args.n,
-                         prompt.file, prompt.line, prompt.cursor, record.runs["plain"].decode_ms,
-                         record.runs["plain"].produced_tokens,
-                         " ".join(f"{m}={r.decode_ms:.0f}{'' if r.matches_plain else '!MISMATCH'}"
-                                  for m, r in record.runs.items() if m != "plain"))
+                log.info(
+                    "%s %d/%d %s:%d %s plain %.0f ms/%d tok | %s",
+                    slice_name,
+                    done,
+                    args.n,
+                    prompt.file,
+                    prompt.line,
+                    prompt.cursor,
+                    record.runs["plain"].decode_ms,
+                    record.runs["plain"].produced_tokens,
+                    " ".join(
+                        f"{m}={r.decode_ms:.0f}{'' if r.matches_plain else '!MISMATCH'}"
+                        for m, r in record.runs.items()
+                        if m != "plain"
+                    ),
+                )
                 if done >= args.n:
                     break
     except KeyboardInterrupt:  # a long run stopped by hand still reports what it measured
         interrupted = True
         log.warning("interrupted: summarizing the %d prompts done", len(records))
 
-    summary = {s: summarize([r for r in records if r.slice == s], bench.methods)
-               for s in args.slices if any(r.slice == s for r in records)}
+    summary = {
+        s: summarize([r for r in records if r.slice == s], bench.methods)
+        for s in args.slices
+        if any(r.slice == s for r in records)
+    }
     targets = check_targets(summary, records)
-    exact = {s: sum(r.exact for r in records if r.slice == s) / max(1, sum(r.slice == s for r in records))
-             for s in args.slices}
+    exact = {
+        s: sum(r.exact for r in records if r.slice == s) / max(1, sum(r.slice == s for r in records))
+        for s in args.slices
+    }
     print(format_tables(summary, targets, skipped, exact))
 
     env = environment(target, draft)
     env["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     payload = {
         "config": {
-            "n": args.n, "slices": args.slices, "max_new_tokens": args.max_new_tokens,
-            "prompt_tokens": args.prompt_tokens, "seed": args.seed, "min_new_tokens": args.min_new_tokens,
+            "n": args.n,
+            "slices": args.slices,
+            "max_new_tokens": args.max_new_tokens,
+            "prompt_tokens": args.prompt_tokens,
+            "seed": args.seed,
+            "min_new_tokens": args.min_new_tokens,
             "repeats": args.repeats,
-            "model": args.model, "quantization": target.quantization,
+            "model": args.model,
+            "quantization": target.quantization,
             "draft_model": None if draft is None else f"{args.model} (bfloat16 copy)",
-            "methods": bench.methods, "stop_at_newline": True, "greedy": True,
-            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "min_rest_tokens": MIN_REST_TOKENS,
+            "methods": bench.methods,
+            "stop_at_newline": True,
+            "greedy": True,
+            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+            "min_rest_tokens": MIN_REST_TOKENS,
             "repeat_lines_after": REPEAT_LINES_AFTER,
         },
         "environment": env,

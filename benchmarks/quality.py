@@ -45,8 +45,18 @@ from typing import Any
 log = logging.getLogger("benchmarks.quality")
 
 LANGUAGES = ("python", "javascript", "c")
-SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "encodings", "pydoc_data",
-             "__tests__", "dist", "min"}
+SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+    "__tests__",
+    "dist",
+    "min",
+}
 MAX_FILE_CHARS = 300_000
 MIN_REST_TOKENS = 4
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "quality.json"
@@ -57,14 +67,20 @@ def default_roots() -> dict[str, Path | None]:
     node = shutil.which("node")
     npm = None
     if node:
-        for candidate in (Path(node).resolve().parent.parent / "lib" / "node_modules" / "npm",
-                          Path("/usr/lib/node_modules/npm"), Path("/usr/share/nodejs/npm")):
+        for candidate in (
+            Path(node).resolve().parent.parent / "lib" / "node_modules" / "npm",
+            Path("/usr/lib/node_modules/npm"),
+            Path("/usr/share/nodejs/npm"),
+        ):
             if candidate.is_dir():
                 npm = candidate
                 break
     include = Path("/usr/include")
-    return {"python": Path(sysconfig.get_paths()["stdlib"]), "javascript": npm,
-            "c": include if include.is_dir() else None}
+    return {
+        "python": Path(sysconfig.get_paths()["stdlib"]),
+        "javascript": npm,
+        "c": include if include.is_dir() else None,
+    }
 
 
 SUFFIXES = {"python": (".py",), "javascript": (".js", ".mjs", ".cjs"), "c": (".h", ".c")}
@@ -95,8 +111,9 @@ class Case:
     expected: str  # the line's real rest
 
 
-def sample_cases(language: str, files: Sequence[tuple[str, Path]], n: int, seed: int,
-                 count_tokens) -> list[Case]:
+def sample_cases(
+    language: str, files: Sequence[tuple[str, Path]], n: int, seed: int, count_tokens
+) -> list[Case]:
     rng = random.Random(f"{seed}:{language}")
     cases: list[Case] = []
     used: set[tuple[str, int]] = set()
@@ -125,10 +142,20 @@ def sample_cases(language: str, files: Sequence[tuple[str, Path]], n: int, seed:
         if count_tokens(expected) < MIN_REST_TOKENS:
             continue
         line_start = sum(len(x) + 1 for x in lines[:index])
-        document = text[:line_start + column] + text[line_start + len(line):]
+        document = text[: line_start + column] + text[line_start + len(line) :]
         used.add((rel, index))
-        cases.append(Case(language, rel, index + 1, column, "mid_line" if mid else "line_start", document,
-                          line_start + column, expected))
+        cases.append(
+            Case(
+                language,
+                rel,
+                index + 1,
+                column,
+                "mid_line" if mid else "line_start",
+                document,
+                line_start + column,
+                expected,
+            )
+        )
     return cases
 
 
@@ -205,27 +232,41 @@ class Variants:
 
         started = time.perf_counter()
         uri = f"file:///corpus/{case.file}"
-        request = ContextRequest(case.text, case.offset, self.budget, uri=uri,
-                                 language_id=LANGUAGE_IDS[case.language], heal=heal)
+        request = ContextRequest(
+            case.text, case.offset, self.budget, uri=uri, language_id=LANGUAGE_IDS[case.language], heal=heal
+        )
         prompt = self.builder.build(request, self.tokens)
         build_ms = (time.perf_counter() - started) * 1000
         line_start = case.text.rfind("\n", 0, case.offset) + 1
-        before = case.text[line_start:case.offset]
+        before = case.text[line_start : case.offset]
         situation = postprocess.situation_for(case.text, case.offset, before, "", detect(None, uri), "never")
-        config = GenerationConfig(max_new_tokens=self.max_new, stop_at_newline=True,
-                                  required_prefix=prompt.healed, stop_strings=prompt.stop_strings)
+        config = GenerationConfig(
+            max_new_tokens=self.max_new,
+            stop_at_newline=True,
+            required_prefix=prompt.healed,
+            stop_strings=prompt.stop_strings,
+        )
         result = self.engine.generate(list(prompt.ids), config)
         suggestion = postprocess.finish(result.text, situation) or ""
         name = "context" if heal else "context_unhealed"
         return self._run(name, case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
 
     @staticmethod
-    def _run(variant: str, case: Case, suggestion: str, tokens: int, build_ms: float, result,
-             healed: str) -> Run:
-        return Run(variant, suggestion, suggestion.rstrip() == case.expected.rstrip(),
-                   round(edit_similarity(suggestion, case.expected), 4), tokens, round(build_ms, 2),
-                   round(result.stats.prefill_ms, 2), round(result.stats.decode_ms, 2), healed,
-                   result.stats.new_tokens)
+    def _run(
+        variant: str, case: Case, suggestion: str, tokens: int, build_ms: float, result, healed: str
+    ) -> Run:
+        return Run(
+            variant,
+            suggestion,
+            suggestion.rstrip() == case.expected.rstrip(),
+            round(edit_similarity(suggestion, case.expected), 4),
+            tokens,
+            round(build_ms, 2),
+            round(result.stats.prefill_ms, 2),
+            round(result.stats.decode_ms, 2),
+            healed,
+            result.stats.new_tokens,
+        )
 
 
 # -- keystrokes ------------------------------------------------------------------------------------
@@ -251,20 +292,24 @@ def keystroke_share(variants: Variants, cases: Sequence[Case], lines_per_languag
             continue
         per_language[case.language] = per_language.get(case.language, 0) + 1
         line_start = case.text.rfind("\n", 0, case.offset) + 1
-        before = case.text[line_start:case.offset]
+        before = case.text[line_start : case.offset]
         indent = before[: len(before) - len(before.lstrip())]
-        typed = (before + case.expected)[len(indent):] + "\n" + indent
+        typed = (before + case.expected)[len(indent) :] + "\n" + indent
         previous: dict[str, list[int]] = {}
         base = case.text[:line_start] + indent
-        rest = case.text[case.offset:]
+        rest = case.text[case.offset :]
         uri = f"file:///corpus/{case.file}"
         for k in range(len(typed) + 1):
             text = base + typed[:k] + rest
             offset = len(base) + k
-            naive = fit_tokens(plain_window(ContextRequest(text, offset, variants.budget)).text,
-                               variants.engine.encode, variants.budget)
-            request = ContextRequest(text, offset, variants.budget, uri=uri,
-                                     language_id=LANGUAGE_IDS[case.language])
+            naive = fit_tokens(
+                plain_window(ContextRequest(text, offset, variants.budget)).text,
+                variants.engine.encode,
+                variants.budget,
+            )
+            request = ContextRequest(
+                text, offset, variants.budget, uri=uri, language_id=LANGUAGE_IDS[case.language]
+            )
             context = list(variants.builder.build(request, variants.tokens).ids)
             for name, ids in (("naive", naive), ("context", context)):
                 if name in previous and ids:
@@ -272,8 +317,11 @@ def keystroke_share(variants: Variants, cases: Sequence[Case], lines_per_languag
                     totals[name][1] += len(ids)
                 previous[name] = ids
             keystrokes += 1
-    return {"keystrokes": keystrokes, "lines": sum(per_language.values()),
-            **{name: round(shared / total, 4) if total else None for name, (shared, total) in totals.items()}}
+    return {
+        "keystrokes": keystrokes,
+        "lines": sum(per_language.values()),
+        **{name: round(shared / total, 4) if total else None for name, (shared, total) in totals.items()},
+    }
 
 
 # -- reporting -------------------------------------------------------------------------------------
@@ -303,18 +351,25 @@ def summarize(results: Sequence[CaseResult], variants: Sequence[str]) -> dict[st
 
 def print_summary(summary: dict[str, Any], variants: Sequence[str], share: dict[str, Any] | None) -> None:
     header = f"{'group':<20} {'n':>4}  " + "  ".join(
-        f"{v + ' exact':>14} {'edit sim':>8} {'tokens':>7} {'prefill':>8}" for v in variants)
+        f"{v + ' exact':>14} {'edit sim':>8} {'tokens':>7} {'prefill':>8}" for v in variants
+    )
     print(header)
     for group, row in summary.items():
         cells = []
         for v in variants:
             s = row.get(v)
-            cells.append(f"{s['exact']:>14.3f} {s['edit_similarity']:>8.3f} {s['prompt_tokens_mean']:>7.0f} "
-                         f"{s['prefill_ms_median']:>6.0f}ms" if s else " " * 42)
+            cells.append(
+                f"{s['exact']:>14.3f} {s['edit_similarity']:>8.3f} {s['prompt_tokens_mean']:>7.0f} "
+                f"{s['prefill_ms_median']:>6.0f}ms"
+                if s
+                else " " * 42
+            )
         print(f"{group:<20} {row['n']:>4}  " + "  ".join(cells))
     if share:
-        print(f"\nshared token prefix with the previous keystroke's prompt ({share['keystrokes']} keystrokes "
-              f"over {share['lines']} lines): naive {share['naive']}, context {share['context']}")
+        print(
+            f"\nshared token prefix with the previous keystroke's prompt ({share['keystrokes']} keystrokes "
+            f"over {share['lines']} lines): naive {share['naive']}, context {share['context']}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -323,12 +378,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--languages", default=",".join(LANGUAGES))
     parser.add_argument("--budget", type=int, default=512, help="prompt tokens, both prompts")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--keystroke-lines", type=int, default=4,
-                        help="lines typed per language for the prefix-share measurement (0: skip)")
-    parser.add_argument("--root", action="append", default=[], metavar="LANG=DIR",
-                        help="the corpus of a language (default: stdlib, npm, /usr/include)")
-    parser.add_argument("--variants", default="naive,context",
-                        help="prompts to compare: naive, context, context_unhealed (context, no healing)")
+    parser.add_argument(
+        "--keystroke-lines",
+        type=int,
+        default=4,
+        help="lines typed per language for the prefix-share measurement (0: skip)",
+    )
+    parser.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="LANG=DIR",
+        help="the corpus of a language (default: stdlib, npm, /usr/include)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="naive,context",
+        help="prompts to compare: naive, context, context_unhealed (context, no healing)",
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -367,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: list[CaseResult] = []
     started = time.perf_counter()
     for i, case in enumerate(cases):
-        order = names[i % len(names):] + names[:i % len(names)]  # rotated per case
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotated per case
         record = CaseResult({k: v for k, v in asdict(case).items() if k != "text"})
         for name in order:
             record.runs[name] = getattr(variants, name)(case)
@@ -379,12 +446,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = summarize(results, names)
     print_summary(summary, names, share)
     out = {
-        "benchmark": "quality", "model": model.source, "budget": args.budget,
-        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "n_per_language": args.n,
-        "languages": languages, "roots": {k: str(v) for k, v in roots.items() if k in languages},
-        "summary": summary, "keystroke_prefix_share": share,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+        "benchmark": "quality",
+        "model": model.source,
+        "budget": args.budget,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "n_per_language": args.n,
+        "languages": languages,
+        "roots": {k: str(v) for k, v in roots.items() if k in languages},
+        "summary": summary,
+        "keystroke_prefix_share": share,
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
         "cases": [{**r.case, "runs": {k: asdict(v) for k, v in r.runs.items()}} for r in results],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -59,8 +59,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # The baseline: plain greedy generation on the full prompt, nothing kept between keystrokes.
     "baseline": {"drafter": "none", "kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     # A peer decoding path: transformers' generate(prompt_lookup_num_tokens=10) on the full prompt.
-    "hf_prompt_lookup": {"decoder": "transformers", "drafter": "ngram", "kvCacheMb": 0, "typeAhead": False,
-                         "prefetch": False, "quantization": "none"},
+    "hf_prompt_lookup": {
+        "decoder": "transformers",
+        "drafter": "ngram",
+        "kvCacheMb": 0,
+        "typeAhead": False,
+        "prefetch": False,
+        "quantization": "none",
+    },
     # Ablations, to see where the gain comes from.
     "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     "reuse_only": {"drafter": "none"},
@@ -98,15 +104,15 @@ def pick_segment(rel: str, text: str, rng: random.Random, lines: int) -> Segment
         return None
     for _ in range(20):
         start = rng.randrange(30, len(all_lines) - lines)
-        chunk = all_lines[start:start + lines]
+        chunk = all_lines[start : start + lines]
         code = [line for line in chunk if line.strip() and not line.strip().startswith(("#", '"', "'"))]
         if len(code) >= lines * 0.7 and max(len(line) for line in chunk) < 100:
             # Typing starts after the first line's indentation, where an editor leaves the cursor.
             first = chunk[0]
             indent = first[: len(first) - len(first.lstrip())]
             head = "".join(all_lines[:start]) + indent
-            typed = "".join(chunk)[len(indent):].rstrip("\n")
-            tail = "\n" + "".join(all_lines[start + lines:])
+            typed = "".join(chunk)[len(indent) :].rstrip("\n")
+            tail = "\n" + "".join(all_lines[start + lines :])
             return Segment(rel, head, typed, tail)
     return None
 
@@ -172,10 +178,17 @@ class ReplayClient:
         if self.model:
             args += ["--model", self.model]
         await self.client.start_io(*args)
-        caps = types.ClientCapabilities(text_document=types.TextDocumentClientCapabilities(
-            inline_completion=types.InlineCompletionClientCapabilities()))
-        await asyncio.wait_for(self.client.initialize_async(types.InitializeParams(
-            capabilities=caps, initialization_options=self.options)), ANSWER_GUARD_S)
+        caps = types.ClientCapabilities(
+            text_document=types.TextDocumentClientCapabilities(
+                inline_completion=types.InlineCompletionClientCapabilities()
+            )
+        )
+        await asyncio.wait_for(
+            self.client.initialize_async(
+                types.InitializeParams(capabilities=caps, initialization_options=self.options)
+            ),
+            ANSWER_GUARD_S,
+        )
         self.client.initialized(types.InitializedParams())
         deadline = time.monotonic() + 600
         while (await self.stats())["model"]["status"] != "ready":
@@ -195,23 +208,35 @@ class ReplayClient:
             await self.client.stop()
 
     async def open(self, uri: str, text: str, cursor: tuple[int, int]) -> None:
-        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+        self.client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+            )
+        )
 
     def close(self, uri: str) -> None:
-        self.client.text_document_did_close(types.DidCloseTextDocumentParams(
-            text_document=types.TextDocumentIdentifier(uri=uri)))
+        self.client.text_document_did_close(
+            types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
 
     def insert(self, uri: str, version: int, line: int, character: int, text: str) -> None:
         at = types.Position(line, character)
-        self.client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)]))
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)
+                ],
+            )
+        )
 
     def request(self, uri: str, line: int, character: int) -> asyncio.Future:
         automatic = types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)
-        params = types.InlineCompletionParams(context=automatic, position=types.Position(line, character),
-                                              text_document=types.TextDocumentIdentifier(uri=uri))
+        params = types.InlineCompletionParams(
+            context=automatic,
+            position=types.Position(line, character),
+            text_document=types.TextDocumentIdentifier(uri=uri),
+        )
         return asyncio.ensure_future(self.client.text_document_inline_completion_async(params))
 
 
@@ -249,7 +274,7 @@ async def choose_window_start(text: str, count: TokenCounter, limit: int) -> int
     lo, hi = 0, len(starts) - 1  # starts[hi] is the answer if nothing earlier fits
     while lo < hi:
         mid = (lo + hi) // 2
-        if await count(text[starts[mid]:]) <= limit:
+        if await count(text[starts[mid] :]) <= limit:
             hi = mid
         else:
             lo = mid + 1
@@ -263,8 +288,9 @@ class PromptWindow:
     when it would pass ``budget`` (estimated from the characters typed since) is a new start chosen.
     A stable start is the best case for llama-server's prompt cache."""
 
-    def __init__(self, count: TokenCounter, budget: int = LLAMA_CONTEXT_TOKENS,
-                 reserve: int = LLAMA_RESERVE_TOKENS) -> None:
+    def __init__(
+        self, count: TokenCounter, budget: int = LLAMA_CONTEXT_TOKENS, reserve: int = LLAMA_RESERVE_TOKENS
+    ) -> None:
         self.count, self.budget, self.reserve = count, budget, min(reserve, budget // 2)
         self.start: int | None = None
         self.choices = 0  # how many times a start was chosen
@@ -282,22 +308,30 @@ class PromptWindow:
     async def prompt(self, before: str) -> str:
         if self.start is None or len(before) < self._end or self.estimate(before) > self.budget:
             self.start = await choose_window_start(before, self.count, self.budget - self.reserve)
-            self._tokens, self._end = await self.count(before[self.start:]), len(before)
+            self._tokens, self._end = await self.count(before[self.start :]), len(before)
             self.choices += 1
-        return before[self.start:]
+        return before[self.start :]
 
 
-async def _http(port: int, method: str, path: str, body: dict[str, Any] | None = None,
-                stream: Callable[[bytes], bool] | None = None) -> tuple[int, bytes]:
+async def _http(
+    port: int,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    stream: Callable[[bytes], bool] | None = None,
+) -> tuple[int, bytes]:
     """One HTTP/1.1 request on its own loopback connection, closed when done or cancelled.
 
     With ``stream``, each piece of the body is handed to it as it arrives until it returns True."""
     reader, writer = await asyncio.open_connection(llama_server.HOST, port)
     try:
         data = json.dumps(body).encode() if body is not None else b""
-        writer.write(f"{method} {path} HTTP/1.1\r\nHost: {llama_server.HOST}:{port}\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                     "Connection: close\r\n\r\n".encode() + data)
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: {llama_server.HOST}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + data
+        )
         await writer.drain()
         status = int((await reader.readline()).split()[1])
         headers = {}
@@ -362,7 +396,7 @@ class LlamaServerClient:
         """A new file: the window's start is chosen now, before the first keystroke."""
         self.documents[uri] = text
         self.window.reset()
-        await self.window.prompt(text[:_offset(text, *cursor)])
+        await self.window.prompt(text[: _offset(text, *cursor)])
 
     def close(self, uri: str) -> None:
         self.documents.pop(uri, None)
@@ -377,7 +411,7 @@ class LlamaServerClient:
             self.in_flight.cancel()
             self.counts["aborted"] += 1
         document = self.documents[uri]
-        before = document[:_offset(document, line, character)]
+        before = document[: _offset(document, line, character)]
         self.counts["requests"] += 1
         self.in_flight = asyncio.ensure_future(self._complete(before))
         return self.in_flight
@@ -402,9 +436,21 @@ class LlamaServerClient:
                             return True
             return False
 
-        status, body = await _http(self.server.port, "POST", "/completion", {
-            "prompt": prompt, "n_predict": self.max_new_tokens, "temperature": 0.0, "top_k": 1,
-            "stop": ["\n"], "cache_prompt": True, "stream": True}, stream=on_piece)
+        status, body = await _http(
+            self.server.port,
+            "POST",
+            "/completion",
+            {
+                "prompt": prompt,
+                "n_predict": self.max_new_tokens,
+                "temperature": 0.0,
+                "top_k": 1,
+                "stop": ["\n"],
+                "cache_prompt": True,
+                "stream": True,
+            },
+            stream=on_piece,
+        )
         if status != 200 or not final:
             self.counts["failed"] += 1
             raise RuntimeError(f"llama-server /completion: HTTP {status}: {body[:300]!r}")
@@ -424,12 +470,15 @@ class LlamaServerClient:
             return round(sum(values) / len(values), 2) if values else None
 
         reused = round(cached / (cached + evaluated), 4) if cached + evaluated else None
-        return {**self.counts, "binary": str(self.server.binary), "model": {"path": str(self.model)},
-                "window_choices": self.window.choices,
-                "kv_cache": {"reused_share": reused, "reused_tokens": cached, "prefilled_tokens": evaluated},
-                "phases_ms": {"prefill": {"mean": mean("prompt_ms")},
-                              "decode": {"mean": mean("predicted_ms")}},
-                "tokens_predicted_mean": mean("predicted_n")}
+        return {
+            **self.counts,
+            "binary": str(self.server.binary),
+            "model": {"path": str(self.model)},
+            "window_choices": self.window.choices,
+            "kv_cache": {"reused_share": reused, "reused_tokens": cached, "prefilled_tokens": evaluated},
+            "phases_ms": {"prefill": {"mean": mean("prompt_ms")}, "decode": {"mean": mean("predicted_ms")}},
+            "tokens_predicted_mean": mean("predicted_n"),
+        }
 
 
 def _offset(text: str, line: int, character: int) -> int:
@@ -444,13 +493,18 @@ def _offset(text: str, line: int, character: int) -> int:
     return at
 
 
-async def replay_segment(client: ReplayClient | LlamaServerClient, segment: Segment,
-                         keys: Sequence[Keystroke], number: int, pause_ms: float) -> list[RequestRecord]:
+async def replay_segment(
+    client: ReplayClient | LlamaServerClient,
+    segment: Segment,
+    keys: Sequence[Keystroke],
+    number: int,
+    pause_ms: float,
+) -> list[RequestRecord]:
     """Type ``segment`` into a fresh document on ``client``; one record per request."""
     uri = f"file:///replay/{number}/{Path(segment.file).name}"
     typed = ""
     line = segment.head.count("\n")
-    column = _utf16_len(segment.head[segment.head.rfind("\n") + 1:])
+    column = _utf16_len(segment.head[segment.head.rfind("\n") + 1 :])
     await client.open(uri, segment.head + segment.tail, (line, column))
     pending: list[tuple[int, float, asyncio.Future, str]] = []
     answered_at: dict[int, float] = {}
@@ -466,7 +520,7 @@ async def replay_segment(client: ReplayClient | LlamaServerClient, segment: Segm
             column = _utf16_len(key.text.rsplit("\n", 1)[1])
         else:
             column += _utf16_len(key.text)
-        rest = segment.typed[len(typed):].split("\n", 1)[0]
+        rest = segment.typed[len(typed) :].split("\n", 1)[0]
         future = client.request(uri, line, column)
         sent = time.monotonic() - start
         future.add_done_callback(lambda _f, i=index: answered_at.setdefault(i, time.monotonic() - start))
@@ -483,12 +537,21 @@ async def replay_segment(client: ReplayClient | LlamaServerClient, segment: Segm
         next_key = keys[index + 1].at_s if index + 1 < len(keys) else math.inf
         stale = answer is None or answer > next_key
         text = suggestion.rstrip() if isinstance(suggestion, str) else None
-        records.append(RequestRecord(
-            config=client.name, file=segment.file, key=index, sent_s=round(sent, 4),
-            latency_ms=round((answer - sent) * 1000, 2) if answer is not None else None, stale=stale,
-            at_pause=(next_key - keys[index].at_s) * 1000 >= pause_ms, suggestion=suggestion,
-            rest_of_line=rest, exact=bool(text) and text == rest.rstrip(),
-            saved_chars=common_prefix(text, rest) if text else 0))
+        records.append(
+            RequestRecord(
+                config=client.name,
+                file=segment.file,
+                key=index,
+                sent_s=round(sent, 4),
+                latency_ms=round((answer - sent) * 1000, 2) if answer is not None else None,
+                stale=stale,
+                at_pause=(next_key - keys[index].at_s) * 1000 >= pause_ms,
+                suggestion=suggestion,
+                rest_of_line=rest,
+                exact=bool(text) and text == rest.rstrip(),
+                saved_chars=common_prefix(text, rest) if text else 0,
+            )
+        )
     return records
 
 
@@ -504,8 +567,9 @@ def mean_chars(records: Sequence[RequestRecord]) -> float | None:
     return round(sum(len(r.suggestion or "") for r in records) / len(records), 1) if records else None
 
 
-def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]],
-              typed_chars: int, baseline: str) -> dict[str, dict[str, Any]]:
+def summarize(
+    records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]], typed_chars: int, baseline: str
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(r.config for r in records):
         mine = [r for r in records if r.config == name]
@@ -514,7 +578,8 @@ def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]]
         shown = [r for r in pauses if r.suggestion]
         s = stats.get(name, {})
         out[name] = {
-            "requests": len(mine), "unanswered": sum(r.latency_ms is None for r in mine),
+            "requests": len(mine),
+            "unanswered": sum(r.latency_ms is None for r in mine),
             "at_pauses": len(pauses),
             "p50_ms_at_pauses": pct([r.latency_ms for r in pauses], 50),
             "p95_ms_at_pauses": pct([r.latency_ms for r in pauses], 95),
@@ -529,8 +594,9 @@ def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]]
             "stale_share": round(sum(r.stale for r in mine) / len(mine), 3) if mine else None,
             "suggestion_share_at_pauses": round(len(shown) / len(pauses), 3) if pauses else None,
             "exact_at_pauses": round(sum(r.exact for r in pauses) / len(pauses), 3) if pauses else None,
-            "saved_chars_share": (round(sum(r.saved_chars for r in pauses) / typed_chars, 3)
-                                  if typed_chars else None),
+            "saved_chars_share": (
+                round(sum(r.saved_chars for r in pauses) / typed_chars, 3) if typed_chars else None
+            ),
             "tokens_per_pass": s.get("tokens_per_pass"),
             "reused_share": (s.get("kv_cache") or {}).get("reused_share"),
             "from_chain": (s.get("reuse") or {}).get("from_chain"),
@@ -546,26 +612,53 @@ def summarize(records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]]
 
 
 def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
-    cols = [("config", "{}"), ("p50 pause ms", "{}"), ("p95 pause ms", "{}"), ("p50 shown ms", "{}"),
-            ("p95 shown ms", "{}"), ("p50 all ms", "{}"), ("p95 all ms", "{}"), (f"x {baseline} p50", "{}"),
-            ("tok/pass", "{}"), ("reused", "{}"), ("chars/ans", "{}"), ("exact", "{}"), ("saved", "{}"),
-            ("stale", "{}")]
+    cols = [
+        ("config", "{}"),
+        ("p50 pause ms", "{}"),
+        ("p95 pause ms", "{}"),
+        ("p50 shown ms", "{}"),
+        ("p95 shown ms", "{}"),
+        ("p50 all ms", "{}"),
+        ("p95 all ms", "{}"),
+        (f"x {baseline} p50", "{}"),
+        ("tok/pass", "{}"),
+        ("reused", "{}"),
+        ("chars/ans", "{}"),
+        ("exact", "{}"),
+        ("saved", "{}"),
+        ("stale", "{}"),
+    ]
     rows = []
     for name, s in summary.items():
-        rows.append([name, s["p50_ms_at_pauses"], s["p95_ms_at_pauses"], s["p50_ms_nonempty_at_pauses"],
-                     s["p95_ms_nonempty_at_pauses"], s["p50_ms_all"], s["p95_ms_all"],
-                     s[f"p50_ms_at_pauses_x_faster_than_{baseline}"], s["tokens_per_pass"], s["reused_share"],
-                     s["chars_per_answer_at_pauses"], s["exact_at_pauses"], s["saved_chars_share"],
-                     s["stale_share"]])
+        rows.append(
+            [
+                name,
+                s["p50_ms_at_pauses"],
+                s["p95_ms_at_pauses"],
+                s["p50_ms_nonempty_at_pauses"],
+                s["p95_ms_nonempty_at_pauses"],
+                s["p50_ms_all"],
+                s["p95_ms_all"],
+                s[f"p50_ms_at_pauses_x_faster_than_{baseline}"],
+                s["tokens_per_pass"],
+                s["reused_share"],
+                s["chars_per_answer_at_pauses"],
+                s["exact_at_pauses"],
+                s["saved_chars_share"],
+                s["stale_share"],
+            ]
+        )
     cells = [[c for c, _ in cols]] + [["-" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells)
 
 
 def format_phases(summary: dict[str, dict[str, Any]]) -> str:
-    lines = ["mean ms per answered decode: " + ", ".join(
-        ["queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess"])
-        + " (llama_server: its own prompt and generation timings)"]
+    lines = [
+        "mean ms per answered decode: "
+        + ", ".join(["queue", "prompt", "prefill", "draft", "verify", "decode_other", "postprocess"])
+        + " (llama_server: its own prompt and generation timings)"
+    ]
     for name, s in summary.items():
         phases = s["phases_mean_ms"]
         lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
@@ -636,14 +729,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lines", type=int, default=10, help="lines typed per file (default 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cps", type=float, default=8.0, help="characters per second (default 8)")
-    parser.add_argument("--pause-ms", type=float, default=300.0,
-                        help="a request counts as at a pause when the next key comes this much later (300)")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help=f"comma-separated, from: {', '.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
-    parser.add_argument("--baseline", default=None,
-                        help="the configuration ratios are against (default: baseline, else the first one)")
-    parser.add_argument("--model", default=None,
-                        help="the server's --model (default: the embedded model); llama_server needs a .gguf")
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=300.0,
+        help="a request counts as at a pause when the next key comes this much later (300)",
+    )
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"comma-separated, from: {', '.join(CONFIGS)} (default {DEFAULT_CONFIGS})",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="the configuration ratios are against (default: baseline, else the first one)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the server's --model (default: the embedded model); llama_server needs a .gguf",
+    )
     parser.add_argument("--options", default="{}", help="JSON settings added to every configuration")
     parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's -t (default 2)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -677,10 +783,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             break
     scripts = [typing_script(s.typed, args.cps, random.Random(f"{args.seed}:{s.file}")) for s in segments]
     clients: dict[str, ReplayClient | LlamaServerClient] = {
-        name: (LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
-               if name == LLAMA_SERVER
-               else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model))
-        for name in args.configs}
+        name: (
+            LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
+            if name == LLAMA_SERVER
+            else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model)
+        )
+        for name in args.configs
+    }
     for client in clients.values():
         await client.start()
     records: list[RequestRecord] = []
@@ -688,8 +797,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for number, (segment, keys) in enumerate(zip(segments, scripts, strict=True)):
             for offset in range(len(clients)):  # rotate who goes first, so no config always follows a pause
                 name = args.configs[(number + offset) % len(args.configs)]
-                log.warning("file %d/%d %s: %s (%d keystrokes)", number + 1, len(segments), segment.file,
-                            name, len(keys))
+                log.warning(
+                    "file %d/%d %s: %s (%d keystrokes)",
+                    number + 1,
+                    len(segments),
+                    segment.file,
+                    name,
+                    len(keys),
+                )
                 records += await replay_segment(clients[name], segment, keys, number, args.pause_ms)
                 await asyncio.sleep(1.0)  # let its idle-time work finish before the next one starts
         stats = {name: await client.stats() for name, client in clients.items()}
@@ -698,13 +813,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await client.stop()
     typed_chars = sum(len(s.typed) for s in segments)
     summary = summarize(records, stats, typed_chars, args.baseline)
-    return {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "environment": {"python": platform.python_version(), "platform": platform.platform(),
-                            "cpu_count": os.cpu_count(),
-                            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
-            "segments": [{"file": s.file, "typed_chars": len(s.typed), "keystrokes": len(k)}
-                         for s, k in zip(segments, scripts, strict=True)],
-            "summary": summary, "server_stats": stats, "records": [asdict(r) for r in records]}
+    return {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        },
+        "segments": [
+            {"file": s.file, "typed_chars": len(s.typed), "keystrokes": len(k)}
+            for s, k in zip(segments, scripts, strict=True)
+        ],
+        "summary": summary,
+        "server_stats": stats,
+        "records": [asdict(r) for r in records],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

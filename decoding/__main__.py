@@ -33,9 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
-                        help="auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize; "
-                             "int4/int8: also quantize a safetensors Llama at load")
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="auto",
+        help="auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize; "
+        "int4/int8: also quantize a safetensors Llama at load",
+    )
     parser.add_argument("--trust-remote-code", action="store_true")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt-file", type=Path, help="the prompt, verbatim")
@@ -57,7 +61,8 @@ def read_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
             prompt = record["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(
-                f"{args.prompts_jsonl}:{number}: expected an object with a 'prompt' field") from exc
+                f"{args.prompts_jsonl}:{number}: expected an object with a 'prompt' field"
+            ) from exc
         if not isinstance(prompt, str):
             raise ValueError(f"{args.prompts_jsonl}:{number}: 'prompt' must be a string")
         prompts.append((str(record.get("id", len(prompts))), prompt))
@@ -66,37 +71,69 @@ def read_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         prompts = read_prompts(args)
-        target = load_model(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization,
-                            trust_remote_code=args.trust_remote_code)
+        target = load_model(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            trust_remote_code=args.trust_remote_code,
+        )
         draft = None
         if args.draft_model:
-            draft = load_model(args.draft_model, device=args.device, dtype=args.dtype,
-                               quantization=args.quantization, trust_remote_code=args.trust_remote_code)
+            draft = load_model(
+                args.draft_model,
+                device=args.device,
+                dtype=args.dtype,
+                quantization=args.quantization,
+                trust_remote_code=args.trust_remote_code,
+            )
             check_draft_compatible(target, draft)
         engine = SpeculativeEngine(target)
         drafter = make_drafter(args.drafter, draft_model=draft, cost=engine.cost)
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                              stop_strings=tuple(args.stop), stop_at_newline=args.stop_at_newline)
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_strings=tuple(args.stop),
+        stop_at_newline=args.stop_at_newline,
+    )
     for prompt_id, prompt in prompts:
         result = engine.generate_text(prompt, config, drafter)
         if args.json:
-            print(json.dumps({"id": prompt_id, "text": result.text, "token_ids": result.token_ids,
-                              "stop_reason": result.stop_reason, "stats": result.stats.to_dict()}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "id": prompt_id,
+                        "text": result.text,
+                        "token_ids": result.token_ids,
+                        "stop_reason": result.stop_reason,
+                        "stats": result.stats.to_dict(),
+                    }
+                ),
+                flush=True,
+            )
         else:
             sys.stdout.write(result.text + ("\n" if len(prompts) > 1 else ""))
             sys.stdout.flush()
             stats = result.stats
-            log.info("%s: %d tokens, %.2f tokens/pass, prefill %.0f ms, decode %.0f ms", prompt_id,
-                     stats.new_tokens, stats.tokens_per_pass, stats.prefill_ms, stats.decode_ms)
+            log.info(
+                "%s: %d tokens, %.2f tokens/pass, prefill %.0f ms, decode %.0f ms",
+                prompt_id,
+                stats.new_tokens,
+                stats.tokens_per_pass,
+                stats.prefill_ms,
+                stats.decode_ms,
+            )
     return 0
 
 

@@ -221,8 +221,9 @@ class SpeculativeEngine:
     Not thread-safe: one generation at a time (the server runs them on one worker thread).
     """
 
-    def __init__(self, target: LoadedModel, cost: CostModel | None = None,
-                 prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self, target: LoadedModel, cost: CostModel | None = None, prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.target = target
         prior = getattr(target.forward, "cost_prior", None)
         self.cost = cost or CostModel.for_device(target.device.type, prior)
@@ -251,8 +252,11 @@ class SpeculativeEngine:
         room = max(room, 1)
         if len(prompt) > room:
             stats.trimmed_tokens = len(prompt) - room
-            log.warning("prompt of %d tokens exceeds the context; dropped the first %d",
-                        len(prompt), stats.trimmed_tokens)
+            log.warning(
+                "prompt of %d tokens exceeds the context; dropped the first %d",
+                len(prompt),
+                stats.trimmed_tokens,
+            )
             prompt = prompt[-room:]
         if not prompt:
             bos = getattr(self.target.tokenizer, "bos_token_id", None)
@@ -261,10 +265,16 @@ class SpeculativeEngine:
             prompt = [int(bos)]
         return prompt
 
-    def _prefill(self, prompt: list[int], cache_key: str | None, config: GenerationConfig,
-                 cancel: CancelCheck, stats: GenerationStats, continuation: bool = True,
-                 draft_for: Callable[[], Draft] | None = None,
-                 ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
+    def _prefill(
+        self,
+        prompt: list[int],
+        cache_key: str | None,
+        config: GenerationConfig,
+        cancel: CancelCheck,
+        stats: GenerationStats,
+        continuation: bool = True,
+        draft_for: Callable[[], Draft] | None = None,
+    ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
         """The cache holding ``prompt`` (and a draft after it), and the logits from the prompt's
         last token on: one row, plus one per draft token.
 
@@ -276,8 +286,9 @@ class SpeculativeEngine:
         """
         store = self.prefix_cache if cache_key is not None else None
         continuation = continuation and config.sampling.greedy and config.reuse_continuation
-        borrowed = (store.take(cache_key, prompt, continuation=continuation)
-                    if store is not None else Borrowed(None))
+        borrowed = (
+            store.take(cache_key, prompt, continuation=continuation) if store is not None else Borrowed(None)
+        )
         stats.reused_tokens = borrowed.reused
         if borrowed.known:
             return borrowed, None, Draft()
@@ -307,11 +318,15 @@ class SpeculativeEngine:
         if not required or cache_key is None or self.prefix_cache is None:
             return True
         peek = self.prefix_cache.chain(cache_key)
-        if (peek is None or peek.greedy_from is None or len(peek.tokens) <= len(prompt)
-                or peek.tokens[:len(prompt)] != prompt):
+        if (
+            peek is None
+            or peek.greedy_from is None
+            or len(peek.tokens) <= len(prompt)
+            or peek.tokens[: len(prompt)] != prompt
+        ):
             return True  # no known continuation will be offered
         probe = PrefixConstraint(self.healing_index, required)
-        for token in peek.tokens[len(prompt):]:
+        for token in peek.tokens[len(prompt) :]:
             if not probe.active:
                 break
             allowed = probe.allowed()
@@ -321,10 +336,15 @@ class SpeculativeEngine:
             probe.advance(token)
         return True
 
-    def cut_at_stop(self, generated: list[int], stops: tuple[str, ...], eos: set[int],
-                    max_new: int, prefix: str = "",
-                    stop_when: Callable[[str], int | None] | None = None,
-                    ) -> tuple[list[int], str, str | None, int]:
+    def cut_at_stop(
+        self,
+        generated: list[int],
+        stops: tuple[str, ...],
+        eos: set[int],
+        max_new: int,
+        prefix: str = "",
+        stop_when: Callable[[str], int | None] | None = None,
+    ) -> tuple[list[int], str, str | None, int]:
         """Apply EOS, the token limit and stop strings to the tokens generated so far.
 
         Returns the tokens to keep, their text (after ``prefix``, the required text of a healed
@@ -354,7 +374,7 @@ class SpeculativeEngine:
         if cut < 0:
             return generated, text, reason, consumed
         keep = 0
-        while keep < len(generated) and len(self.decode(generated[:keep + 1])) <= skip + cut:
+        while keep < len(generated) and len(self.decode(generated[: keep + 1])) <= skip + cut:
             keep += 1
         seen = keep + 1  # the first prefix whose text already contains a stop
         while seen < len(generated) and cut_of(self.decode(generated[:seen])[skip:]) < 0:
@@ -363,9 +383,14 @@ class SpeculativeEngine:
 
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
-                 drafter: Drafter | None = None, cancel: CancelCheck = None,
-                 cache_key: str | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig | None = None,
+        drafter: Drafter | None = None,
+        cancel: CancelCheck = None,
+        cache_key: str | None = None,
+    ) -> GenerationResult:
         """Decode after ``prompt_ids``; ``cache_key`` names whose KV cache to reuse and keep."""
         run = self._start(prompt_ids, config or GenerationConfig(), drafter, cancel)
         if run.config.max_new_tokens <= 0 or is_cancelled(cancel):
@@ -390,8 +415,13 @@ class SpeculativeEngine:
         run.stats.produced_tokens = consumed - run.stats.known_tokens
         return GenerationResult(text=text, token_ids=kept, stop_reason=reason, stats=run.stats)
 
-    def _start(self, prompt_ids: Sequence[int], config: GenerationConfig, drafter: Drafter | None,
-               cancel: CancelCheck) -> Run:
+    def _start(
+        self,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig,
+        drafter: Drafter | None,
+        cancel: CancelCheck,
+    ) -> Run:
         stats = GenerationStats()
         prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
         stats.prompt_tokens = len(prompt)
@@ -417,8 +447,9 @@ class SpeculativeEngine:
         draft_for = None
         if run.drafter is not None and run.healing is None and config.max_new_tokens > 1:
             draft_for = functools.partial(self._propose, run, run.prompt, config.max_new_tokens)
-        borrowed, logits, draft = self._prefill(run.prompt, cache_key, config, run.cancel, run.stats,
-                                                continuation, draft_for)
+        borrowed, logits, draft = self._prefill(
+            run.prompt, cache_key, config, run.cancel, run.stats, continuation, draft_for
+        )
         run.cache = borrowed.cache
         run.stats.prefill_ms = (time.perf_counter() - started) * 1000
         if borrowed.known:  # the target's own greedy continuation of this very prompt
@@ -499,8 +530,13 @@ class SpeculativeEngine:
         """``cut_at_stop`` for this run; a healing that found no way on ends it empty."""
         config = run.config
         kept, text, reason, consumed = self.cut_at_stop(
-            run.generated, config.stops, run.eos, config.max_new_tokens,
-            config.required_prefix, config.stop_when)
+            run.generated,
+            config.stops,
+            run.eos,
+            config.max_new_tokens,
+            config.required_prefix,
+            config.stop_when,
+        )
         if run.healing is not None and run.healing.failed:
             return [], "", "stop", len(run.generated)
         return kept, text, reason, consumed
@@ -515,12 +551,21 @@ class SpeculativeEngine:
         chain = borrowed.greedy_from if borrowed.greedy_from is not None else len(run.prompt)
         if run.healing is not None and run.healing.deviated >= 0:
             chain = max(chain, len(run.prompt) + run.healing.deviated + 1)
-        self.prefix_cache.put(cache_key, run.prompt + run.generated, run.cache,
-                              chain if run.sampling.greedy else None, ticket=borrowed.ticket,
-                              asked=borrowed.asked if run.config.ahead
-                              else Asked(len(run.prompt), run.config.required_prefix))
+        self.prefix_cache.put(
+            cache_key,
+            run.prompt + run.generated,
+            run.cache,
+            chain if run.sampling.greedy else None,
+            ticket=borrowed.ticket,
+            asked=borrowed.asked if run.config.ahead else Asked(len(run.prompt), run.config.required_prefix),
+        )
 
-    def generate_text(self, prompt: str, config: GenerationConfig | None = None,
-                      drafter: Drafter | None = None, cancel: CancelCheck = None,
-                      cache_key: str | None = None) -> GenerationResult:
+    def generate_text(
+        self,
+        prompt: str,
+        config: GenerationConfig | None = None,
+        drafter: Drafter | None = None,
+        cancel: CancelCheck = None,
+        cache_key: str | None = None,
+    ) -> GenerationResult:
         return self.generate(self.encode(prompt), config, drafter, cancel, cache_key)

@@ -35,8 +35,11 @@ _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the printable stand-in character -> the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = list(printable), 0
     for b in range(256):
         if b not in printable:
@@ -47,7 +50,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def _decoder_kind(tokenizer: Any) -> str:
-    """"byte_level", "sentencepiece" or "generic", from a fast tokenizer's decoder config."""
+    """ "byte_level", "sentencepiece" or "generic", from a fast tokenizer's decoder config."""
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     if backend is None or not hasattr(backend, "to_str"):
         return "generic"
@@ -101,14 +104,17 @@ def token_bytes_table(tokenizer: Any, vocab_size: int | None = None) -> list[byt
                     table[i] = piece.encode("utf-8")
             else:
                 match = _BYTE_PIECE.match(piece)
-                table[i] = (bytes([int(match.group(1), 16)]) if match
-                            else piece.replace("\u2581", " ").encode())
+                table[i] = (
+                    bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode()
+                )
         return table
+
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
-    anchor = next((i for i in range(known)
-                   if i not in special and decode([i]) and "\ufffd" not in decode([i])), None)
+    anchor = next(
+        (i for i in range(known) if i not in special and decode([i]) and "\ufffd" not in decode([i])), None
+    )
     head = decode([anchor]) if anchor is not None else ""
     for i in range(known):
         if i in special:
@@ -116,7 +122,7 @@ def token_bytes_table(tokenizer: Any, vocab_size: int | None = None) -> list[byt
         text = decode([anchor, i] if anchor is not None else [i])
         if not text.startswith(head):
             continue
-        text = text[len(head):]
+        text = text[len(head) :]
         if text and "\ufffd" not in text:
             table[i] = text.encode("utf-8")
     return table
@@ -131,7 +137,7 @@ def prefix_compatible(token: bytes, remaining: bytes) -> bool:
         return True
     if not token.startswith(remaining):
         return False
-    return not (remaining[-1:] in BLANK and token[len(remaining):len(remaining) + 1] in BLANK)
+    return not (remaining[-1:] in BLANK and token[len(remaining) : len(remaining) + 1] in BLANK)
 
 
 @dataclass
@@ -182,7 +188,7 @@ class HealingIndex:
             token = self._sorted[j]
             if not token.startswith(remaining):
                 break
-            if final_blank and token[len(remaining):len(remaining) + 1] in BLANK:
+            if final_blank and token[len(remaining) : len(remaining) + 1] in BLANK:
                 continue
             ids.add(self._sorted_ids[j])
         out = tuple(sorted(ids))
@@ -227,14 +233,14 @@ class PrefixConstraint:
     @property
     def key(self) -> bytes:
         """What ``allowed()`` depends on (the remaining text; empty for the token after it)."""
-        return self.required[self.produced:]
+        return self.required[self.produced :]
 
     def allowed(self) -> tuple[int, ...]:
         if not self.active:
             return ()
         if self.produced == len(self.required):
             return self.index.starting_non_blank()
-        return self.index.allowed(self.required[self.produced:])
+        return self.index.allowed(self.required[self.produced :])
 
     def advance(self, token_id: int) -> None:
         if not self.active:
@@ -258,8 +264,13 @@ class BackedUp:
     removed: str
 
 
-def back_up(ids: Sequence[int], text: str, decode: Callable[[Sequence[int]], str],
-            index: HealingIndex | None = None, max_chars: int = 64) -> BackedUp:
+def back_up(
+    ids: Sequence[int],
+    text: str,
+    decode: Callable[[Sequence[int]], str],
+    index: HealingIndex | None = None,
+    max_chars: int = 64,
+) -> BackedUp:
     """Remove the prompt's last token, and up to ``MAX_BACKUP_TOKENS`` when a character is split
     between tokens, so that ``decode(ids)`` is an exact prefix of ``text``; ``removed`` is the rest.
 
@@ -274,7 +285,7 @@ def back_up(ids: Sequence[int], text: str, decode: Callable[[Sequence[int]], str
     for k in range(1, min(MAX_BACKUP_TOKENS, len(ids)) + 1):
         kept = decode(ids[:-k]) if k < len(ids) else ""
         if text.startswith(kept) and "\ufffd" not in kept[-1:]:
-            removed = text[len(kept):]
+            removed = text[len(kept) :]
             if not removed or len(removed) > max_chars:
                 break
             return BackedUp(ids[:-k], removed)

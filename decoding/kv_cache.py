@@ -65,13 +65,23 @@ class GrowingLayer(DynamicLayer):
     def _holds_views(self, keys: torch.Tensor) -> bool:
         """Whether ``self.keys`` is still a view of the buffer (not replaced by another method)."""
         buffer = self._key_buffer
-        return (buffer is not None and self.keys is not None
-                and self.keys.data_ptr() == buffer.data_ptr() and self.keys.shape[:-2] == keys.shape[:-2]
-                and self.values is not None and self._value_buffer is not None
-                and self.values.data_ptr() == self._value_buffer.data_ptr())
+        return (
+            buffer is not None
+            and self.keys is not None
+            and self.keys.data_ptr() == buffer.data_ptr()
+            and self.keys.shape[:-2] == keys.shape[:-2]
+            and self.values is not None
+            and self._value_buffer is not None
+            and self.values.data_ptr() == self._value_buffer.data_ptr()
+        )
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        *args,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         held = self.get_seq_length()
@@ -209,12 +219,19 @@ class PrefixCache:
             return Borrowed(None, ticket=ticket)
         common = common_prefix_length(entry.tokens, prompt)
         held = cache_length(entry.cache)
-        on_chain = (common == len(prompt) and entry.greedy_from is not None
-                    and len(prompt) >= entry.greedy_from)
+        on_chain = (
+            common == len(prompt) and entry.greedy_from is not None and len(prompt) >= entry.greedy_from
+        )
         if continuation and on_chain and len(prompt) < len(entry.tokens) and held == len(entry.tokens) - 1:
             self._count_reuse(len(prompt))
-            return Borrowed(entry.cache, len(prompt), list(entry.tokens[len(prompt):]), entry.greedy_from,
-                            ticket, entry.asked)
+            return Borrowed(
+                entry.cache,
+                len(prompt),
+                list(entry.tokens[len(prompt) :]),
+                entry.greedy_from,
+                ticket,
+                entry.asked,
+            )
         keep = min(common, len(prompt) - 1, held)
         if keep <= 0:
             return Borrowed(None, ticket=ticket)
@@ -231,8 +248,16 @@ class PrefixCache:
             self.stats.hits += 1
             self.stats.reused_tokens += tokens
 
-    def put(self, key: str, tokens: Sequence[int], cache: DynamicCache, greedy_from: int | None = None,
-            *, ticket: int | None = None, asked: Asked | None = None) -> None:
+    def put(
+        self,
+        key: str,
+        tokens: Sequence[int],
+        cache: DynamicCache,
+        greedy_from: int | None = None,
+        *,
+        ticket: int | None = None,
+        asked: Asked | None = None,
+    ) -> None:
         """Keep ``cache`` as ``key``'s: it holds ``tokens`` (all, or all but the last), of which
         ``tokens[greedy_from:]`` are greedy choices (None: none are). ``ticket`` is the loan's
         (``Borrowed.ticket``): a loan revoked by ``drop`` is not kept. Evicts old entries as needed."""
@@ -291,8 +316,15 @@ class PrefixCache:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"entries": len(self._entries), "lent": len(self._lent), "bytes": self._bytes,
-                    "budget_bytes": self.budget_bytes,
-                    "lookups": self.stats.lookups, "hits": self.stats.hits,
-                    "prompt_tokens": self.stats.prompt_tokens, "reused_tokens": self.stats.reused_tokens,
-                    "reused_share": round(self.stats.reused_share, 4), "evictions": self.stats.evictions}
+            return {
+                "entries": len(self._entries),
+                "lent": len(self._lent),
+                "bytes": self._bytes,
+                "budget_bytes": self.budget_bytes,
+                "lookups": self.stats.lookups,
+                "hits": self.stats.hits,
+                "prompt_tokens": self.stats.prompt_tokens,
+                "reused_tokens": self.stats.reused_tokens,
+                "reused_share": round(self.stats.reused_share, 4),
+                "evictions": self.stats.evictions,
+            }

@@ -41,8 +41,24 @@ LLAMA_ARCHITECTURES = ("llama",)
 # GGUF on the 2-core CPU (``benchmarks/pass_bench.py``): the 4-bit kernel dequantizes its weights
 # once per four rows, so cost climbs in steps of four. The engine's cost model starts from this and
 # replaces it with live timings; the long passes price drafts that ride on a prefill.
-COST_PRIOR = {1: 1.0, 2: 1.11, 3: 1.26, 4: 1.37, 5: 2.0, 6: 2.0, 8: 2.16, 9: 2.85, 12: 2.98, 16: 3.79,
-              24: 5.29, 32: 7.07, 64: 9.36, 128: 16.35, 256: 30.7, 512: 69.8}
+COST_PRIOR = {
+    1: 1.0,
+    2: 1.11,
+    3: 1.26,
+    4: 1.37,
+    5: 2.0,
+    6: 2.0,
+    8: 2.16,
+    9: 2.85,
+    12: 2.98,
+    16: 3.79,
+    24: 5.29,
+    32: 7.07,
+    64: 9.36,
+    128: 16.35,
+    256: 30.7,
+    512: 69.8,
+}
 
 
 class UnsupportedModel(ValueError):
@@ -143,8 +159,14 @@ class KVCache:
 class LlamaForward:
     """Logits for tokens fed after a ``KVCache``; the model's weights and rotary table."""
 
-    def __init__(self, shape: LlamaShape, embed: Embedding, layers: list[LlamaLayer],
-                 norm: torch.Tensor, head: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        shape: LlamaShape,
+        embed: Embedding,
+        layers: list[LlamaLayer],
+        norm: torch.Tensor,
+        head: torch.nn.Module,
+    ) -> None:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
         self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
         self.cost_prior = dict(COST_PRIOR)
@@ -193,8 +215,17 @@ class LlamaForward:
             h = h[-keep:]
         return self.head(F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps))
 
-    def _attention(self, index: int, layer: LlamaLayer, h: torch.Tensor, rotary: torch.Tensor,
-                   mask: torch.Tensor, cache: KVCache, start: int, end: int) -> torch.Tensor:
+    def _attention(
+        self,
+        index: int,
+        layer: LlamaLayer,
+        h: torch.Tensor,
+        rotary: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        end: int,
+    ) -> torch.Tensor:
         s, rows = self.shape, h.shape[0]
         qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
         rotated_heads = s.heads + s.kv_heads
@@ -225,8 +256,10 @@ class LlamaForward:
         blocks = span // KEY_BLOCK
         if blocks == 1:
             return torch.matmul(probs, values)
-        parts = torch.matmul(probs.view(kv_heads, rows, blocks, KEY_BLOCK).transpose(1, 2),
-                             values.view(kv_heads, blocks, KEY_BLOCK, -1))  # (kv, blocks, rows, dim)
+        parts = torch.matmul(
+            probs.view(kv_heads, rows, blocks, KEY_BLOCK).transpose(1, 2),
+            values.view(kv_heads, blocks, KEY_BLOCK, -1),
+        )  # (kv, blocks, rows, dim)
         out = parts[:, 0]
         for block in range(1, blocks):
             out = out + parts[:, block]
@@ -250,14 +283,30 @@ def _assemble(shape: LlamaShape, weight, vector, embed: Embedding, head: torch.n
     for i in range(shape.layers):
         qkv = concat_rows([weight("q", i), weight("k", i), weight("v", i)])
         gate_up = concat_rows([weight("gate", i), weight("up", i)])
-        layers.append(LlamaLayer(
-            attn_norm=vector("attn_norm", i), qkv=linear_for(qkv), out=linear_for(weight("o", i)),
-            ffn_norm=vector("ffn_norm", i), gate_up=linear_for(gate_up), down=linear_for(weight("down", i))))
+        layers.append(
+            LlamaLayer(
+                attn_norm=vector("attn_norm", i),
+                qkv=linear_for(qkv),
+                out=linear_for(weight("o", i)),
+                ffn_norm=vector("ffn_norm", i),
+                gate_up=linear_for(gate_up),
+                down=linear_for(weight("down", i)),
+            )
+        )
     return LlamaForward(shape, embed, layers, vector("norm", None), head)
 
 
-GGUF_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
-              "up": "ffn_up", "down": "ffn_down", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
+GGUF_NAMES = {
+    "q": "attn_q",
+    "k": "attn_k",
+    "v": "attn_v",
+    "o": "attn_output",
+    "gate": "ffn_gate",
+    "up": "ffn_up",
+    "down": "ffn_down",
+    "attn_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+}
 
 
 def _field(reader, key: str, default=None):
@@ -278,13 +327,16 @@ def gguf_shape(reader) -> LlamaShape:
     if int(rope_dims) != dim // heads or "blk.0.attn_q.bias" in tensors:
         raise UnsupportedModel("partial rotary or attention biases")
     return LlamaShape(
-        layers=int(_field(reader, f"{arch}.block_count")), dim=dim, heads=heads,
+        layers=int(_field(reader, f"{arch}.block_count")),
+        dim=dim,
+        heads=heads,
         kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
         ffn=int(_field(reader, f"{arch}.feed_forward_length")),
         vocab=int(tensors["token_embd.weight"].shape[1]),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_context=int(_field(reader, f"{arch}.context_length", 2048)))
+        max_context=int(_field(reader, f"{arch}.context_length", 2048)),
+    )
 
 
 def from_gguf(path: str) -> LlamaForward:
@@ -334,16 +386,30 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         raise UnsupportedModel("biases")
     shape = LlamaShape(
-        layers=config.num_hidden_layers, dim=config.hidden_size, heads=config.num_attention_heads,
-        kv_heads=config.num_key_value_heads, ffn=config.intermediate_size, vocab=config.vocab_size,
+        layers=config.num_hidden_layers,
+        dim=config.hidden_size,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        ffn=config.intermediate_size,
+        vocab=config.vocab_size,
         rope_theta=float(rope["rope_theta"]),
-        norm_eps=config.rms_norm_eps, max_context=config.max_position_embeddings)
+        norm_eps=config.rms_norm_eps,
+        max_context=config.max_position_embeddings,
+    )
     if shape.head_dim * shape.heads != shape.dim:
         raise UnsupportedModel("head_dim other than hidden_size / heads")
     blocks = model.model.layers
-    names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-             "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    names = {
+        "q": "self_attn.q_proj",
+        "k": "self_attn.k_proj",
+        "v": "self_attn.v_proj",
+        "o": "self_attn.o_proj",
+        "gate": "mlp.gate_proj",
+        "up": "mlp.up_proj",
+        "down": "mlp.down_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
 
     def weight(kind: str, i: int) -> QuantTensor:
         w = blocks[i].get_submodule(names[kind]).weight.detach().float().numpy()

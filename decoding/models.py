@@ -75,8 +75,11 @@ class LoadedModel:
     @property
     def eos_token_ids(self) -> set[int]:
         gen_cfg = getattr(self.model, "generation_config", None)
-        sources = (self.config.eos_token_id, getattr(self.tokenizer, "eos_token_id", None),
-                   getattr(gen_cfg, "eos_token_id", None))
+        sources = (
+            self.config.eos_token_id,
+            getattr(self.tokenizer, "eos_token_id", None),
+            getattr(gen_cfg, "eos_token_id", None),
+        )
         ids: set[int] = set()
         for source in sources:
             if isinstance(source, int):
@@ -167,8 +170,15 @@ def _import_transformers():
     return transformers
 
 
-def _from_folder(folder: Path, *, gguf_file: str | None, dtype: torch.dtype, trust_remote_code: bool,
-                 allow_pickle: bool, local_only: bool = True):
+def _from_folder(
+    folder: Path,
+    *,
+    gguf_file: str | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+    allow_pickle: bool,
+    local_only: bool = True,
+):
     transformers = _import_transformers()
     kwargs: dict = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
     if gguf_file is None:
@@ -176,8 +186,9 @@ def _from_folder(folder: Path, *, gguf_file: str | None, dtype: torch.dtype, tru
     else:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **{
-            k: v for k, v in kwargs.items() if k != "use_safetensors"})
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(folder), **{k: v for k, v in kwargs.items() if k != "use_safetensors"}
+        )
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
     except ImportError as exc:
         raise ModelLoadError(f"loading {folder} needs a package that is missing: {exc}") from exc
@@ -193,11 +204,17 @@ def _converted_gguf(path: Path, dtype: torch.dtype, trust_remote_code: bool):
     target = cache_root() / f"{key[:32]}-v{CONVERTED_FORMAT_VERSION}"
     if (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file():
         log.info("loading converted copy of %s from %s", path.name, target)
-        return _from_folder(target, gguf_file=None, dtype=dtype, trust_remote_code=trust_remote_code,
-                            allow_pickle=False)
+        return _from_folder(
+            target, gguf_file=None, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=False
+        )
     log.info("first load of %s: dequantizing (this takes a while once)", path.name)
-    model, tokenizer = _from_folder(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                    trust_remote_code=trust_remote_code, allow_pickle=False)
+    model, tokenizer = _from_folder(
+        path.parent,
+        gguf_file=path.name,
+        dtype=torch.float32,
+        trust_remote_code=trust_remote_code,
+        allow_pickle=False,
+    )
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -244,8 +261,10 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     transformers = _import_transformers()
     target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
     if (target / "config.json").is_file():
-        return (transformers.AutoConfig.from_pretrained(str(target), local_files_only=True),
-                transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True))
+        return (
+            transformers.AutoConfig.from_pretrained(str(target), local_files_only=True),
+            transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True),
+        )
     kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
     config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
@@ -273,8 +292,16 @@ def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) 
         return None
     config, tokenizer = _gguf_metadata(path, trust_remote_code)
     _give_back_freed_memory()
-    return LoadedModel(model=None, tokenizer=tokenizer, device=torch_device, dtype=torch.float32,
-                       source=str(path), forward=forward, config=config, quantization=forward.formats)
+    return LoadedModel(
+        model=None,
+        tokenizer=tokenizer,
+        device=torch_device,
+        dtype=torch.float32,
+        source=str(path),
+        forward=forward,
+        config=config,
+        quantization=forward.formats,
+    )
 
 
 def _give_back_freed_memory() -> None:
@@ -295,9 +322,15 @@ def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
         return None
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "auto",
-               quantization: str = "auto", trust_remote_code: bool = False,
-               allow_pickle: bool = False) -> LoadedModel:
+def load_model(
+    spec: str = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    quantization: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> LoadedModel:
     """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``.
 
     ``quantization``: ``auto`` keeps a GGUF's quantized blocks on the CPU (lean forward) and
@@ -319,25 +352,44 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
                 return lean
         model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
     elif path.is_dir():
-        model, tokenizer = _from_folder(path, gguf_file=None, dtype=torch_dtype,
-                                        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        model, tokenizer = _from_folder(
+            path,
+            gguf_file=None,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+        )
     elif spec.startswith(("/", ".", "~")) or (os.sep in spec and spec.count("/") != 1):
         raise ModelLoadError(f"model path not found: {path}")
     else:
         folder = _hub_cache_folder(spec)
-        model, tokenizer = _from_folder(folder, gguf_file=None, dtype=torch_dtype,
-                                        trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        model, tokenizer = _from_folder(
+            folder,
+            gguf_file=None,
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+        )
     source = str(path if path.exists() else spec)
     if quantize_cpu and quantization in ("int4", "int8"):
         forward = _quantized_at_load(model.float(), 4 if quantization == "int4" else 8)
         if forward is not None:
-            return LoadedModel(model=None, tokenizer=tokenizer, device=torch_device, dtype=torch.float32,
-                               source=source, forward=forward, config=model.config, quantization=quantization)
+            return LoadedModel(
+                model=None,
+                tokenizer=tokenizer,
+                device=torch_device,
+                dtype=torch.float32,
+                source=source,
+                forward=forward,
+                config=model.config,
+                quantization=quantization,
+            )
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     if torch_device.type == "cpu" and torch_dtype == torch.float32:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py
-    return LoadedModel(model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype,
-                       source=source)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype, source=source
+    )
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

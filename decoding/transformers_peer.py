@@ -32,8 +32,9 @@ PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value, used by dec
 class _StopWhen(StoppingCriteria):
     """Ends generate() at a cancel, or once the new tokens' text holds a stop string or EOS."""
 
-    def __init__(self, engine: SpeculativeEngine, prompt_len: int, config: GenerationConfig,
-                 cancel: CancelCheck) -> None:
+    def __init__(
+        self, engine: SpeculativeEngine, prompt_len: int, config: GenerationConfig, cancel: CancelCheck
+    ) -> None:
         self.engine, self.prompt_len, self.config, self.cancel = engine, prompt_len, config, cancel
         self.cancelled = False
 
@@ -41,9 +42,15 @@ class _StopWhen(StoppingCriteria):
         if is_cancelled(self.cancel):
             self.cancelled = True
             return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        new = input_ids[0, self.prompt_len:].tolist()
-        _, _, reason, _ = self.engine.cut_at_stop(new, self.config.stops, self.engine.target.eos_token_ids,
-                                                  self.config.max_new_tokens, "", self.config.stop_when)
+        new = input_ids[0, self.prompt_len :].tolist()
+        _, _, reason, _ = self.engine.cut_at_stop(
+            new,
+            self.config.stops,
+            self.engine.target.eos_token_ids,
+            self.config.max_new_tokens,
+            "",
+            self.config.stop_when,
+        )
         done = reason is not None
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -53,8 +60,9 @@ class TransformersDecoder:
 
     def __init__(self, engine: SpeculativeEngine, draft: LoadedModel | None = None) -> None:
         if engine.target.model is None or (draft is not None and draft.model is None):
-            raise ValueError("the transformers decoder needs models loaded into transformers "
-                             "(set quantization to none)")
+            raise ValueError(
+                "the transformers decoder needs models loaded into transformers (set quantization to none)"
+            )
         self.engine, self.draft = engine, draft
         self._passes = 0
         engine.target.model.register_forward_hook(self._count_pass)
@@ -73,8 +81,13 @@ class TransformersDecoder:
         return "hf_greedy", {}
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig, drafter_name: str,
-                 cancel: CancelCheck = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig,
+        drafter_name: str,
+        cancel: CancelCheck = None,
+    ) -> GenerationResult:
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         if config.max_new_tokens <= 0 or not prompt_ids or is_cancelled(cancel):
             return GenerationResult("", [], "cancelled" if prompt_ids else "max_tokens", stats)
@@ -84,13 +97,20 @@ class TransformersDecoder:
         self._passes = 0
         started = time.perf_counter()
         out = self.engine.target.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=config.max_new_tokens, do_sample=False,
-            pad_token_id=self.pad_token_id, stopping_criteria=StoppingCriteriaList([stop]), **kwargs)
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=config.max_new_tokens,
+            do_sample=False,
+            pad_token_id=self.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([stop]),
+            **kwargs,
+        )
         stats.decode_ms = (time.perf_counter() - started) * 1000
         stats.target_passes = self._passes
-        new = out[0, len(prompt_ids):].tolist()
+        new = out[0, len(prompt_ids) :].tolist()
         kept, text, reason, consumed = self.engine.cut_at_stop(
-            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens, "", config.stop_when)
+            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens, "", config.stop_when
+        )
         if stop.cancelled:
             reason = "cancelled"
         # generate() reports no per-draft acceptance; tokens per target pass is what it tells.

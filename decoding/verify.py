@@ -69,8 +69,12 @@ def greedy_accept(draft: list[int], target_logits: torch.Tensor) -> Acceptance:
     return Acceptance(tokens=draft[:accepted] + [choices[accepted]], accepted=accepted)
 
 
-def speculative_accept(draft: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                       generator: torch.Generator | None) -> Acceptance:
+def speculative_accept(
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Acceptance:
     """Speculative sampling over ``target_probs`` (``len(draft)+1`` rows of p).
 
     ``draft_probs`` holds q, the rows the drafter actually sampled each token from; None means

@@ -25,11 +25,25 @@ if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
 
 log = logging.getLogger("lsp_server")
-REMOTE_FLAGS = ("endpoint", "endpoint_api", "endpoint_model", "api_key_env", "ca_bundle",
-                "allow_insecure_endpoint")
+REMOTE_FLAGS = (
+    "endpoint",
+    "endpoint_api",
+    "endpoint_model",
+    "api_key_env",
+    "ca_bundle",
+    "allow_insecure_endpoint",
+)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-QUIET_LIBRARIES = ("pygls", "transformers", "huggingface_hub", "urllib3", "filelock", "asyncio",
-                   "httpx2", "httpcore2")  # the remote engine's client logs every request at INFO
+QUIET_LIBRARIES = (
+    "pygls",
+    "transformers",
+    "huggingface_hub",
+    "urllib3",
+    "filelock",
+    "asyncio",
+    "httpx2",
+    "httpcore2",
+)  # the remote engine's client logs every request at INFO
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -41,46 +55,76 @@ def host_port(value: str) -> tuple[str, int]:
 
 def setting(name: str):
     """An argparse type that checks a value the way the setting ``name`` is checked."""
+
     def check(value: str) -> str:
         try:
             return validate(name, value)
         except SettingError as exc:
             raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+
     return check
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="lsp_server",
-        description="Whole-line code completion over LSP, decoded with speculative decoding.")
+        description="Whole-line code completion over LSP, decoded with speculative decoding.",
+    )
     transport = parser.add_mutually_exclusive_group()
     transport.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
-    transport.add_argument("--tcp", metavar="HOST:PORT", type=host_port,
-                           help="listen on HOST:PORT for one client (port 0 picks a free port; it is logged)")
-    parser.add_argument("--model", type=setting("model"),
-                        help="folder, .gguf file, cached hub id or 'default' (the embedded SmolLM2)")
-    parser.add_argument("--draft-model", type=setting("draft_model"),
-                        help="a draft model sharing the target's vocabulary")
+    transport.add_argument(
+        "--tcp",
+        metavar="HOST:PORT",
+        type=host_port,
+        help="listen on HOST:PORT for one client (port 0 picks a free port; it is logged)",
+    )
+    parser.add_argument(
+        "--model",
+        type=setting("model"),
+        help="folder, .gguf file, cached hub id or 'default' (the embedded SmolLM2)",
+    )
+    parser.add_argument(
+        "--draft-model", type=setting("draft_model"), help="a draft model sharing the target's vocabulary"
+    )
     parser.add_argument("--drafter", choices=DRAFTER_NAMES, help="draft source (default: auto)")
-    parser.add_argument("--device", type=setting("device"),
-                        help="auto, cpu, cuda, cuda:N, mps (default: auto)")
-    parser.add_argument("--dtype", type=setting("dtype"),
-                        help="auto, float32, float16, bfloat16 (default: auto)")
-    parser.add_argument("--quantization", type=setting("quantization"),
-                        help="auto (a GGUF keeps its quantized weights on the CPU), none, int8, int4")
+    parser.add_argument(
+        "--device", type=setting("device"), help="auto, cpu, cuda, cuda:N, mps (default: auto)"
+    )
+    parser.add_argument(
+        "--dtype", type=setting("dtype"), help="auto, float32, float16, bfloat16 (default: auto)"
+    )
+    parser.add_argument(
+        "--quantization",
+        type=setting("quantization"),
+        help="auto (a GGUF keeps its quantized weights on the CPU), none, int8, int4",
+    )
     remote = parser.add_argument_group("remote engine (nothing reaches the network without --endpoint)")
-    remote.add_argument("--endpoint", type=setting("endpoint"),
-                        help="decode on this inference server, e.g. http://127.0.0.1:8080 or https://gpu-box:8000/v1")
-    remote.add_argument("--endpoint-api", choices=ENDPOINT_APIS,
-                        help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
-                             "(/completion, /infill); default openai")
-    remote.add_argument("--endpoint-model", type=setting("endpoint_model"),
-                        help="the model name the server expects")
-    remote.add_argument("--api-key-env", type=setting("api_key_env"),
-                        help="the NAME of an environment variable holding the bearer token")
+    remote.add_argument(
+        "--endpoint",
+        type=setting("endpoint"),
+        help="decode on this inference server, e.g. http://127.0.0.1:8080 or https://gpu-box:8000/v1",
+    )
+    remote.add_argument(
+        "--endpoint-api",
+        choices=ENDPOINT_APIS,
+        help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
+        "(/completion, /infill); default openai",
+    )
+    remote.add_argument(
+        "--endpoint-model", type=setting("endpoint_model"), help="the model name the server expects"
+    )
+    remote.add_argument(
+        "--api-key-env",
+        type=setting("api_key_env"),
+        help="the NAME of an environment variable holding the bearer token",
+    )
     remote.add_argument("--ca-bundle", type=setting("ca_bundle"), help="a PEM file of extra CA certificates")
-    remote.add_argument("--allow-insecure-endpoint", action="store_true", default=None,
-                        help="allow plain http:// to a host other than loopback")
+    remote.add_argument(
+        "--allow-insecure-endpoint",
+        action="store_true",
+        default=None,
+        help="allow plain http:// to a host other than loopback",
+    )
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--log-file", help="append logs to this file instead of stderr")
     parser.add_argument("--version", action="version", version=f"lsp_server {__version__}")
@@ -96,8 +140,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_logging(level_name: str, log_file: str | None) -> None:
-    handler: logging.Handler = (logging.FileHandler(log_file) if log_file
-                                else logging.StreamHandler(sys.stderr))
+    handler: logging.Handler = (
+        logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    )
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -144,16 +189,23 @@ def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
             log.info("client connected from %s", writer.get_extra_info("peername"))
             server.protocol.set_writer(writer)
             try:
-                await run_async(stop_event=stop, reader=Utf8RepairingReader(reader),
-                                protocol=server.protocol, logger=logging.getLogger("pygls.io_"),
-                                error_handler=server.report_server_error)
+                await run_async(
+                    stop_event=stop,
+                    reader=Utf8RepairingReader(reader),
+                    protocol=server.protocol,
+                    logger=logging.getLogger("pygls.io_"),
+                    error_handler=server.report_server_error,
+                )
             finally:
                 finished.set()
 
         listener = await asyncio.start_server(on_client, host, port)
         for sock in listener.sockets:  # on stderr whatever the log level: a client may need the port
-            print(f"lsp_server: listening on {sock.getsockname()[0]}:{sock.getsockname()[1]}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"lsp_server: listening on {sock.getsockname()[0]}:{sock.getsockname()[1]}",
+                file=sys.stderr,
+                flush=True,
+            )
         async with listener:
             await finished.wait()
 
@@ -163,9 +215,15 @@ def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Serve until the connection ends, then end the process; returns only on a command-line error."""
     args = parse_args(argv)
-    cli = from_cli(model=args.model, draft_model=args.draft_model, drafter=args.drafter, device=args.device,
-                   dtype=args.dtype, quantization=args.quantization,
-                   **{name: getattr(args, name) for name in REMOTE_FLAGS if getattr(args, name) is not None})
+    cli = from_cli(
+        model=args.model,
+        draft_model=args.draft_model,
+        drafter=args.drafter,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        **{name: getattr(args, name) for name in REMOTE_FLAGS if getattr(args, name) is not None},
+    )
     if cli.problems:  # parse_args checked every value already; this is a safety net
         print(f"lsp_server: error: {'; '.join(cli.problems)}", file=sys.stderr)
         return 2
@@ -178,8 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=import_decoding, name="preload", daemon=True).start()
 
     server = create_server(cli)
-    log.info("lsp_server %s starting (%s), model %s", __version__,
-             f"tcp {args.tcp[0]}:{args.tcp[1]}" if args.tcp else "stdio", cli.settings.model)
+    log.info(
+        "lsp_server %s starting (%s), model %s",
+        __version__,
+        f"tcp {args.tcp[0]}:{args.tcp[1]}" if args.tcp else "stdio",
+        cli.settings.model,
+    )
     try:
         if args.tcp:
             serve_tcp(server, *args.tcp)

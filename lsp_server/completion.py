@@ -59,8 +59,9 @@ class Completion:
 
     def accepted_command(self) -> types.Command:
         """Tells the server what was accepted, so the n-gram drafter can draft it again."""
-        return types.Command(title="lsp_server: suggestion accepted", command=ACCEPTED_COMMAND,
-                             arguments=[self.uri, self.text])
+        return types.Command(
+            title="lsp_server: suggestion accepted", command=ACCEPTED_COMMAND, arguments=[self.uri, self.text]
+        )
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,14 @@ class Decoded:
 
 
 class CompletionService:
-    def __init__(self, host: ModelHost, scheduler: Scheduler, stats: ServerStats,
-                 settings: Callable[[], Settings],
-                 documents: Callable[[], Mapping[str, TextDocument]] = dict) -> None:
+    def __init__(
+        self,
+        host: ModelHost,
+        scheduler: Scheduler,
+        stats: ServerStats,
+        settings: Callable[[], Settings],
+        documents: Callable[[], Mapping[str, TextDocument]] = dict,
+    ) -> None:
         self.host, self.scheduler, self.stats, self._settings = host, scheduler, stats, settings
         self._documents = documents
         self.memory = SuggestionMemory()
@@ -112,8 +118,9 @@ class CompletionService:
         self._background_uri: str | None = None
         self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
 
-    async def complete(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
-                       *, invoked: bool) -> Completion | None:
+    async def complete(
+        self, kind: str, uri: str, document: TextDocument | None, position: types.Position, *, invoked: bool
+    ) -> Completion | None:
         """Answer one request; every path counts exactly one answer (or re-raises after counting)."""
         started = time.monotonic()
         self.stats.requests += 1
@@ -144,13 +151,15 @@ class CompletionService:
         self.registry.forget(uri)
         # The worker's owners are told before its next job; this one frees memory if none comes.
         job = asyncio.ensure_future(
-            self.scheduler.run_background(lambda stop: self.registry.forget_on_worker()))
+            self.scheduler.run_background(lambda stop: self.registry.forget_on_worker())
+        )
         self._forgetting.add(job)
         job.add_done_callback(self._forgetting.discard)
 
     # -- the pipeline --------------------------------------------------------------------------------
-    async def _complete(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
-                        invoked: bool) -> tuple[Completion | None, str]:
+    async def _complete(
+        self, kind: str, uri: str, document: TextDocument | None, position: types.Position, invoked: bool
+    ) -> tuple[Completion | None, str]:
         settings = self._settings()
         request, note = self._snapshot(kind, uri, document, position, settings, invoked)
         if request is None:
@@ -163,13 +172,18 @@ class CompletionService:
         if _WORD_CHAR.match(request.situation.after[:1]):
             self.stats.mid_word += 1
             return self._answer_now(request, None, "mid-word (a word character follows the cursor)")
-        typed_ahead = settings.type_ahead and self.memory.typed_ahead(uri, request.source,
-                                                                       request.cursor.offset) is not None
+        typed_ahead = (
+            settings.type_ahead
+            and self.memory.typed_ahead(uri, request.source, request.cursor.offset) is not None
+        )
         self.stats.reuse["typed_ahead"] += int(typed_ahead)
         job = functools.partial(self._decode, request, asyncio.get_running_loop())
         outcome = await self.scheduler.run(
-            request.key, job, debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
-            budget_s=settings.time_budget_ms / 1000 or None)
+            request.key,
+            job,
+            debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
+            budget_s=settings.time_budget_ms / 1000 or None,
+        )
         completion, note, final = self._finish(outcome, request)
         if final:
             self._remember(request, completion.text if completion is not None else None)
@@ -177,8 +191,15 @@ class CompletionService:
             self._after_answer(uri, settings)
         return completion, note
 
-    def _snapshot(self, kind: str, uri: str, document: TextDocument | None, position: types.Position,
-                  settings: Settings, invoked: bool) -> tuple[Request | None, str]:
+    def _snapshot(
+        self,
+        kind: str,
+        uri: str,
+        document: TextDocument | None,
+        position: types.Position,
+        settings: Settings,
+        invoked: bool,
+    ) -> tuple[Request | None, str]:
         """The request, or None and why there is nothing to decode."""
         if document is None:
             return None, "unknown document (not opened with didOpen)"
@@ -186,26 +207,49 @@ class CompletionService:
             cursor = locate(document, position)
         except PositionError as exc:
             raise JsonRpcInvalidParams(
-                f"position {position.line}:{position.character} is out of range in {uri}: {exc}") from None
+                f"position {position.line}:{position.character} is out of range in {uri}: {exc}"
+            ) from None
         if not settings.enabled:
             return None, "disabled"
         if not self.host.ready:
             return None, f"model {self.host.state.status}"
         text = document.source
         spec = detect(document.language_id, uri)
-        others = tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items()
-                       if u != uri) if settings.neighbor_snippets else ()
+        others = (
+            tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items() if u != uri)
+            if settings.neighbor_snippets
+            else ()
+        )
         # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.
         heal = settings.token_healing and settings.decoder == "speculative"
-        context = ContextRequest(text=text, offset=cursor.offset, budget_tokens=settings.context_tokens,
-                                 uri=uri, language_id=document.language_id, others=others,
-                                 fim_template=settings.fim_template,
-                                 neighbor_snippets=settings.neighbor_snippets, heal=heal, language=spec)
-        situation = postprocess.situation_for(text, cursor.offset, cursor.before, cursor.after, spec,
-                                              settings.multiline, settings.max_lines)
+        context = ContextRequest(
+            text=text,
+            offset=cursor.offset,
+            budget_tokens=settings.context_tokens,
+            uri=uri,
+            language_id=document.language_id,
+            others=others,
+            fim_template=settings.fim_template,
+            neighbor_snippets=settings.neighbor_snippets,
+            heal=heal,
+            language=spec,
+        )
+        situation = postprocess.situation_for(
+            text, cursor.offset, cursor.before, cursor.after, spec, settings.multiline, settings.max_lines
+        )
         memory_key = self.memory.key(uri, text, cursor.offset, (settings, self._other_versions(uri)))
-        return Request(kind, uri, cursor, text, settings, context, situation, memory_key,
-                       self.registry.touch(uri), invoked), ""
+        return Request(
+            kind,
+            uri,
+            cursor,
+            text,
+            settings,
+            context,
+            situation,
+            memory_key,
+            self.registry.touch(uri),
+            invoked,
+        ), ""
 
     def _other_versions(self, uri: str) -> tuple:
         """Other documents can shape the prompt (snippets, draft sources): part of a request's identity."""
@@ -218,8 +262,9 @@ class CompletionService:
         self._after_answer(request.uri, request.settings)
         return self._completion(text, request), note
 
-    def _decode(self, request: Request, loop: asyncio.AbstractEventLoop,
-                should_stop: Callable[[], bool]) -> Decoded | None:
+    def _decode(
+        self, request: Request, loop: asyncio.AbstractEventLoop, should_stop: Callable[[], bool]
+    ) -> Decoded | None:
         """On the worker: the prompt, with the tokenizer of the runtime that decodes it, and the
         decode. None when no model is loaded (it was unloaded meanwhile)."""
         self.registry.forget_on_worker()
@@ -229,13 +274,15 @@ class CompletionService:
         started = time.perf_counter()
         prompt = self.context.build(request.context, runtime.tokens)
         prompt_ms = (time.perf_counter() - started) * 1000
-        result = runtime.generate(prompt, request.settings, request.situation.ending, should_stop,
-                                  cache_key=request.uri)
+        result = runtime.generate(
+            prompt, request.settings, request.situation.ending, should_stop, cache_key=request.uri
+        )
         loop.call_soon_threadsafe(self.stats.record_generation, result)  # counted even when superseded
         return Decoded(result, prompt_ms, prompt)
 
-    def _finish(self, outcome: Outcome[Decoded | None],
-                request: Request) -> tuple[Completion | None, str, bool]:
+    def _finish(
+        self, outcome: Outcome[Decoded | None], request: Request
+    ) -> tuple[Completion | None, str, bool]:
         """The completion, a note for the log, and whether it is final (worth remembering)."""
         decoded = outcome.value
         if outcome.budget_exhausted:
@@ -252,8 +299,9 @@ class CompletionService:
         text = postprocess.finish(result.text, request.situation)
         post_ms = (time.perf_counter() - post_started) * 1000
         s = result.stats
-        self.stats.record_phases(queue_ms=outcome.queued_ms, prompt_ms=decoded.prompt_ms, stats=s,
-                                 post_ms=post_ms)
+        self.stats.record_phases(
+            queue_ms=outcome.queued_ms, prompt_ms=decoded.prompt_ms, stats=s, post_ms=post_ms
+        )
         if s.target_passes == 0 and s.known_tokens > 0:
             self.stats.reuse["from_chain"] += 1
         note = _decode_note(decoded, outcome)
@@ -292,14 +340,20 @@ class CompletionService:
             return  # the user typed on: the next answer will bring us back here
         documents = {u: DocumentSnapshot(d.version, d.source) for u, d in self._documents().items()}
         outcome = await self.scheduler.run_background(
-            functools.partial(self._ahead, settings, documents, uri))
+            functools.partial(self._ahead, settings, documents, uri)
+        )
         if outcome.value is not None:  # kept apart from the request decodes' counters
             self.stats.record_prefetch(outcome.value)
         elif outcome.status == "superseded":
             self.stats.prefetch["preempted"] += 1
 
-    def _ahead(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str,
-               should_stop: Callable[[], bool]) -> GenerationResult | None:
+    def _ahead(
+        self,
+        settings: Settings,
+        documents: dict[str, DocumentSnapshot],
+        uri: str,
+        should_stop: Callable[[], bool],
+    ) -> GenerationResult | None:
         self.registry.forget_on_worker()
         return self.host.background(settings, documents, uri, should_stop)
 
@@ -308,20 +362,31 @@ class CompletionService:
         self.stats.reuse["accepted"] += 1
         self.host.sources.accepted(text)
 
-    def _answered(self, kind: str, uri: str, position: types.Position, started: float, note: str,
-                  *, empty: bool) -> None:
+    def _answered(
+        self, kind: str, uri: str, position: types.Position, started: float, note: str, *, empty: bool
+    ) -> None:
         latency_ms = (time.monotonic() - started) * 1000
         self.stats.answer(latency_ms, empty=empty)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s %s %d:%d -> %s in %.0f ms: %s", kind, uri, position.line, position.character,
-                      "empty" if empty else "answer", latency_ms, note)
+            log.debug(
+                "%s %s %d:%d -> %s in %.0f ms: %s",
+                kind,
+                uri,
+                position.line,
+                position.character,
+                "empty" if empty else "answer",
+                latency_ms,
+                note,
+            )
 
 
 def _decode_note(decoded: Decoded, outcome: Outcome[Any]) -> str:
     """How a decode went, for the debug log."""
     result, s = decoded.result, decoded.result.stats
     budget = " (budget)" if outcome.budget_exhausted else ""
-    return (f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
-            f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
-            f"({s.reused_tokens} reused, {s.known_tokens} known), healed {decoded.prompt.healed!r}, "
-            f"queued {outcome.queued_ms:.0f} ms")
+    return (
+        f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
+        f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
+        f"({s.reused_tokens} reused, {s.known_tokens} known), healed {decoded.prompt.healed!r}, "
+        f"queued {outcome.queued_ms:.0f} ms"
+    )

@@ -92,6 +92,7 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
         if not isinstance(value, str) or value not in options:
             raise SettingError(f"expected one of {', '.join(options)}")
         return value
+
     return check
 
 
@@ -109,6 +110,7 @@ def _int_range(low: int, high: int) -> Callable[[Any], int]:
         if not low <= int(value) <= high:
             raise SettingError(f"expected an integer from {low} to {high}")
         return int(value)
+
     return check
 
 
@@ -145,16 +147,18 @@ def _env_name(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str) or not _ENV_NAME_RE.match(value):
-        raise SettingError("expected the name of an environment variable (letters, digits, _), "
-                           "not the key itself")
+        raise SettingError(
+            "expected the name of an environment variable (letters, digits, _), not the key itself"
+        )
     return value
 
 
 def _fim_template(value: Any) -> str:
     if isinstance(value, str) and is_fim_setting(value):
         return value
-    raise SettingError(f"expected one of {', '.join(FIM_STYLES)}, "
-                       "or a template with {prefix} and {suffix}")
+    raise SettingError(
+        f"expected one of {', '.join(FIM_STYLES)}, or a template with {{prefix}} and {{suffix}}"
+    )
 
 
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
@@ -254,18 +258,32 @@ def _check_endpoint_scheme(current: Settings, out: Layered) -> None:
     kept = current.endpoint
     if insecure_reason(kept, out.settings.allow_insecure_endpoint) is not None:
         kept = None
-    out.problems.append(f"setting endpoint = {_show(out.settings.endpoint)} ignored: {reason}; "
-                        f"keeping {_show(kept)}")
+    out.problems.append(
+        f"setting endpoint = {_show(out.settings.endpoint)} ignored: {reason}; keeping {_show(kept)}"
+    )
     out.settings = replace(out.settings, endpoint=kept)
 
 
-def from_cli(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
-             device: str | None = None, dtype: str | None = None, quantization: str | None = None,
-             **remote: Any) -> Layered:
+def from_cli(
+    model: str | None = None,
+    draft_model: str | None = None,
+    drafter: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    quantization: str | None = None,
+    **remote: Any,
+) -> Layered:
     """Defaults overlaid with the command line's flags (None: not given); ``remote`` takes the
     endpoint settings by field name (``endpoint``, ``endpoint_api``, ...)."""
-    given = {"model": model, "draftModel": draft_model, "drafter": drafter, "device": device, "dtype": dtype,
-             "quantization": quantization, **{_CAMEL[name]: value for name, value in remote.items()}}
+    given = {
+        "model": model,
+        "draftModel": draft_model,
+        "drafter": drafter,
+        "device": device,
+        "dtype": dtype,
+        "quantization": quantization,
+        **{_CAMEL[name]: value for name, value in remote.items()},
+    }
     defaults = Settings()
     return layer(defaults, defaults, {k: v for k, v in given.items() if v is not None})
 

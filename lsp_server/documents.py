@@ -78,8 +78,8 @@ def locate(document: TextDocument, position: types.Position) -> Cursor:
     line_count = len(lines) + (1 if last_is_open else 0)
     if position.line >= line_count:
         raise PositionError(
-            f"line {position.line} is beyond the end of the document ({line_count} lines, "
-            f"numbered from 0)")
+            f"line {position.line} is beyond the end of the document ({line_count} lines, numbered from 0)"
+        )
     text = strip_eol(lines[position.line]) if position.line < len(lines) else ""
     codec = document.position_codec
     end_character = codec.client_num_units(text)
@@ -88,5 +88,11 @@ def locate(document: TextDocument, position: types.Position) -> Cursor:
     line_start = sum(len(line) for line in lines[: position.line])
     # A position inside a UTF-16 surrogate pair rounds up to the whole character; report that column.
     character = codec.client_num_units(text[:column])
-    return Cursor(offset=line_start + column, line=position.line, character=character,
-                  end_character=end_character, before=text[:column], after=text[column:])
+    return Cursor(
+        offset=line_start + column,
+        line=position.line,
+        character=character,
+        end_character=end_character,
+        before=text[:column],
+        after=text[column:],
+    )

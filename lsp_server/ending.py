@@ -108,8 +108,16 @@ def _opens_block(line: str, spec: LanguageSpec) -> bool:
     return code.endswith(":" if spec.blocks == "indent" else "{")
 
 
-def decide(text: str, offset: int, before: str, after: str, spec: LanguageSpec, mode: str,
-           max_lines: int, next_line: str) -> Ending:
+def decide(
+    text: str,
+    offset: int,
+    before: str,
+    after: str,
+    spec: LanguageSpec,
+    mode: str,
+    max_lines: int,
+    next_line: str,
+) -> Ending:
     """Single line, or a multi-line body with how to find its end. ``next_line``: the first
     non-blank line below the cursor's (``next_code_line``), "" when there is none."""
     single = Ending()
@@ -135,6 +143,7 @@ def decide(text: str, offset: int, before: str, after: str, spec: LanguageSpec, 
             if body > header and empty:
                 return Ending(True, max_lines, style, body, header, closer, lexis=lexis)
     if mode == "always":  # any blank rest of line: the block around the cursor bounds it
-        return Ending(True, max_lines, style, indent_width(before), closer_present=style == "braces",
-                      lexis=lexis)
+        return Ending(
+            True, max_lines, style, indent_width(before), closer_present=style == "braces", lexis=lexis
+        )
     return single

@@ -42,15 +42,21 @@ async def _create_token(ls: LanguageServer) -> str | None:
 async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) -> None:
     """Load ``settings``' model in the background and tell the user how it went."""
     describe = f"{settings.model} (device {settings.device}, dtype {settings.dtype}" + (
-        f", draft {settings.draft_model})" if settings.draft_model else ")")
+        f", draft {settings.draft_model})" if settings.draft_model else ")"
+    )
     token = await _create_token(ls)
     progress = ls.work_done_progress
     if token is not None:
-        progress.begin(token, types.WorkDoneProgressBegin(
-            title="lsp_server", message=f"loading {settings.model}", cancellable=False))
+        progress.begin(
+            token,
+            types.WorkDoneProgressBegin(
+                title="lsp_server", message=f"loading {settings.model}", cancellable=False
+            ),
+        )
     log.info("loading model %s", describe)
-    ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info,
-                                                 message=f"lsp_server: loading model {describe}"))
+    ls.window_log_message(
+        types.LogMessageParams(type=types.MessageType.Info, message=f"lsp_server: loading model {describe}")
+    )
 
     def report(message: str) -> None:
         if token is not None:
@@ -63,15 +69,19 @@ async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) ->
             progress.end(token, types.WorkDoneProgressEnd(message="superseded by a newer load"))
         return
     if state.status == "ready":
-        message = (f"lsp_server: model {state.source} loaded on {state.device} ({state.dtype}) "
-                   f"in {state.load_ms / 1000:.1f} s")
+        message = (
+            f"lsp_server: model {state.source} loaded on {state.device} ({state.dtype}) "
+            f"in {state.load_ms / 1000:.1f} s"
+        )
         log.info("%s", message)
         if token is not None:
             progress.end(token, types.WorkDoneProgressEnd(message=message.removeprefix("lsp_server: ")))
         ls.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=message))
         return
-    message = (f"lsp_server: could not load model {settings.model!r}: {state.error}. "
-               "Completions stay off until a model loads; change the 'model' setting.")
+    message = (
+        f"lsp_server: could not load model {settings.model!r}: {state.error}. "
+        "Completions stay off until a model loads; change the 'model' setting."
+    )
     if token is not None:
         progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {state.error}"))
     ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))

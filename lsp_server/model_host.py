@@ -56,24 +56,38 @@ class Runtime:
     session_cache_bytes: int = 0
     _peer: TransformersDecoder | None = None  # built on first use
 
-    def generate(self, prompt: Prompt, settings: Settings, ending: Ending, should_stop: Callable[[], bool],
-                 cache_key: str | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt: Prompt,
+        settings: Settings,
+        ending: Ending,
+        should_stop: Callable[[], bool],
+        cache_key: str | None = None,
+    ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
         document) selects the KV cache and greedy chain to reuse and keep."""
         from decoding import GenerationConfig
 
         engine = self.engine
         engine.prefix_cache.resize(settings.kv_cache_mb * MB)
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens,
-                                  stop_at_newline=ending.stop_at_newline,
-                                  reuse_continuation=settings.type_ahead, required_prefix=prompt.healed,
-                                  stop_strings=prompt.stop_strings,
-                                  stop_when=ending.cut if ending.multiline else None)
+        config = GenerationConfig(
+            max_new_tokens=settings.max_new_tokens,
+            stop_at_newline=ending.stop_at_newline,
+            reuse_continuation=settings.type_ahead,
+            required_prefix=prompt.healed,
+            stop_strings=prompt.stop_strings,
+            stop_when=ending.cut if ending.multiline else None,
+        )
         ids = list(prompt.ids)
         if settings.decoder == "transformers":
             return self.peer().generate(ids, config, settings.drafter, cancel=should_stop)
-        return engine.generate(ids, config, self.drafter_for(settings.drafter), cancel=should_stop,
-                               cache_key=cache_key if settings.kv_cache_mb > 0 else None)
+        return engine.generate(
+            ids,
+            config,
+            self.drafter_for(settings.drafter),
+            cancel=should_stop,
+            cache_key=cache_key if settings.kv_cache_mb > 0 else None,
+        )
 
     def forget(self, uri: str) -> None:
         """``uri`` was closed: the drafter drops its sources and caches for it (worker thread)."""
@@ -85,8 +99,12 @@ class Runtime:
         if name != self.drafter_name:
             from decoding.drafters import make_drafter
 
-            self.drafter = make_drafter(name, draft_model=self.draft_model, cost=self.engine.cost,
-                                        session_cache_bytes=self.session_cache_bytes)
+            self.drafter = make_drafter(
+                name,
+                draft_model=self.draft_model,
+                cost=self.engine.cost,
+                session_cache_bytes=self.session_cache_bytes,
+            )
             self.drafter_name = name
         return self.drafter
 
@@ -94,7 +112,8 @@ class Runtime:
         """The n-gram drafter that takes other open documents as sources, if the drafter has one.
         Not thread-safe: call it on the worker thread only."""
         return getattr(self.drafter, "ngram", None) or (
-            self.drafter if hasattr(self.drafter, "set_source") else None)
+            self.drafter if hasattr(self.drafter, "set_source") else None
+        )
 
     def peer(self) -> TransformersDecoder:
         if self._peer is None:
@@ -116,9 +135,17 @@ class ModelState:
     load_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "loaded": self.status == "ready", "spec": self.spec,
-                "source": self.source or self.spec, "device": self.device, "dtype": self.dtype,
-                "quantization": self.quantization, "error": self.error, "load_ms": self.load_ms}
+        return {
+            "status": self.status,
+            "loaded": self.status == "ready",
+            "spec": self.spec,
+            "source": self.source or self.spec,
+            "device": self.device,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "error": self.error,
+            "load_ms": self.load_ms,
+        }
 
 
 _IMPORT_LOCK = threading.Lock()
@@ -144,22 +171,34 @@ def load_runtime(settings: Settings) -> Runtime:
     from decoding.models import check_draft_compatible
 
     hf_logging.disable_progress_bar()  # its bars would only add noise to the server's stderr
-    target = load_model(settings.model, device=settings.device, dtype=settings.dtype,
-                        quantization=settings.quantization)
+    target = load_model(
+        settings.model, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
+    )
     draft = None
     if settings.draft_model:
-        draft = load_model(settings.draft_model, device=settings.device, dtype=settings.dtype,
-                           quantization=settings.quantization)
+        draft = load_model(
+            settings.draft_model,
+            device=settings.device,
+            dtype=settings.dtype,
+            quantization=settings.quantization,
+        )
         check_draft_compatible(target, draft)
     from decoding.kv_cache import PrefixCache
 
     engine = SpeculativeEngine(target, prefix_cache=PrefixCache(settings.kv_cache_mb * MB))
     session_bytes = settings.kv_cache_mb * MB if draft is not None else 0
-    drafter = make_drafter(settings.drafter, draft_model=draft, cost=engine.cost,
-                           session_cache_bytes=session_bytes)
+    drafter = make_drafter(
+        settings.drafter, draft_model=draft, cost=engine.cost, session_cache_bytes=session_bytes
+    )
     engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
-    return Runtime(engine=engine, drafter=drafter, drafter_name=settings.drafter, draft_model=draft,
-                   session_cache_bytes=session_bytes, tokens=Tokens.for_engine(engine))
+    return Runtime(
+        engine=engine,
+        drafter=drafter,
+        drafter_name=settings.drafter,
+        draft_model=draft,
+        session_cache_bytes=session_bytes,
+        tokens=Tokens.for_engine(engine),
+    )
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
@@ -195,8 +234,9 @@ class ModelHost:
         """The runtime to decode with (None while none is loaded); hold on to it for a request."""
         return self._runtime
 
-    async def load(self, settings: Settings,
-                   report: Callable[[str], None] | None = None) -> ModelState | None:
+    async def load(
+        self, settings: Settings, report: Callable[[str], None] | None = None
+    ) -> ModelState | None:
         """Load ``settings``' model in a daemon thread; ``report`` gets a line every few seconds.
 
         Returns the final state, or None when a newer load started meanwhile (this one's result
@@ -238,10 +278,15 @@ class ModelHost:
             return self.state
         target = runtime.engine.target
         self._runtime = runtime
-        self.state = ModelState(status="ready", spec=settings.model, source=target.source,
-                                device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
-                                quantization=target.quantization,
-                                load_ms=load_ms)
+        self.state = ModelState(
+            status="ready",
+            spec=settings.model,
+            source=target.source,
+            device=str(target.device),
+            dtype=str(target.dtype).removeprefix("torch."),
+            quantization=target.quantization,
+            load_ms=load_ms,
+        )
         return self.state
 
     def cache_snapshot(self) -> dict[str, Any] | None:
@@ -270,8 +315,13 @@ class ModelHost:
             asked, owed = chain.asked.prompt_tokens, chain.asked.owed
         return engine.decode(chain.tokens[asked:]).removeprefix(owed).count("\n")
 
-    def background(self, settings: Settings, documents: dict[str, DocumentSnapshot], uri: str | None,
-                   should_stop: Callable[[], bool]) -> GenerationResult | None:
+    def background(
+        self,
+        settings: Settings,
+        documents: dict[str, DocumentSnapshot],
+        uri: str | None,
+        should_stop: Callable[[], bool],
+    ) -> GenerationResult | None:
         """Idle-time work on the worker: index changed documents as draft sources, then decode the
         line after ``uri``'s suggestion so that accepting it and moving on is answered at once.
         Returns the prefetch's result, or None when nothing was decoded."""

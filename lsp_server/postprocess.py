@@ -53,8 +53,9 @@ def merge_with_suffix(suggestion: str, after: str) -> str:
     tail = after.rstrip()
     if not tail.strip() or is_subsequence(tail, suggestion):
         return suggestion
-    overlap = next((k for k in range(min(len(tail), len(suggestion)), 0, -1)
-                    if suggestion.endswith(tail[:k])), 0)
+    overlap = next(
+        (k for k in range(min(len(tail), len(suggestion)), 0, -1) if suggestion.endswith(tail[:k])), 0
+    )
     return suggestion + tail[overlap:]
 
 
@@ -129,7 +130,7 @@ def finish(decoded: str, situation: Situation) -> str | None:
 def indent_unit(text: str, offset: int, scan: int = 20_000) -> str:
     """The document's indentation step, from the lines before the cursor: a tab, or the most
     common positive difference between consecutive indentations (in spaces)."""
-    chunk = text[max(0, offset - scan):offset]
+    chunk = text[max(0, offset - scan) : offset]
     tabs = spaces = 0
     steps: dict[int, int] = {}
     previous = 0
@@ -153,14 +154,26 @@ def indent_unit(text: str, offset: int, scan: int = 20_000) -> str:
     return " " * max(steps, key=lambda k: (steps[k], -k))
 
 
-def situation_for(text: str, offset: int, before: str, after: str, spec: LanguageSpec,
-                  multiline: str = "auto", max_lines: int = 12) -> Situation:
+def situation_for(
+    text: str,
+    offset: int,
+    before: str,
+    after: str,
+    spec: LanguageSpec,
+    multiline: str = "auto",
+    max_lines: int = 12,
+) -> Situation:
     """Everything post-processing needs, from the lines around the cursor only (cheap enough for
     the event loop, whatever the document's size)."""
     following = endings.next_code_line(text, offset)
     end = endings.decide(text, offset, before, after, spec, multiline, max_lines, following)
     lexis = lexis_for(spec.name)
     return Situation(
-        before=before, after=after, next_line=following,
-        open_brackets=unclosed(text[max(0, offset - SCAN_CHARS):offset], lexis), ending=end,
-        indent_unit=indent_unit(text, offset) if end.multiline else "", lexis=lexis)
+        before=before,
+        after=after,
+        next_line=following,
+        open_brackets=unclosed(text[max(0, offset - SCAN_CHARS) : offset], lexis),
+        ending=end,
+        indent_unit=indent_unit(text, offset) if end.multiline else "",
+        lexis=lexis,
+    )

@@ -96,8 +96,11 @@ def with_default_params(data: Any) -> Any:
     if "params" not in data:
         data = {**data, "params": None}
     params = data["params"]
-    if (data["method"] == types.WORKSPACE_EXECUTE_COMMAND and isinstance(params, dict)
-            and params.get("arguments") is None):
+    if (
+        data["method"] == types.WORKSPACE_EXECUTE_COMMAND
+        and isinstance(params, dict)
+        and params.get("arguments") is None
+    ):
         data = {**data, "params": {**params, "arguments": []}}
     return data
 
@@ -124,8 +127,9 @@ class CompletionProtocol(LanguageServerProtocol):
             return
         if isinstance(message, MalformedRequest):
             log.warning("invalid params for %s: %s", message.method, message.reason)
-            self._reject(message.id, JsonRpcInvalidParams(
-                f"invalid params for {message.method}: {message.reason}"))
+            self._reject(
+                message.id, JsonRpcInvalidParams(f"invalid params for {message.method}: {message.reason}")
+            )
             return
         method = getattr(message, "method", None)
         is_request = method is not None and hasattr(message, "id")
@@ -133,8 +137,12 @@ class CompletionProtocol(LanguageServerProtocol):
             self.initialize_received = True
         elif method is not None and not self.initialize_received and method != types.EXIT:
             if is_request:
-                self._reject(message.id, JsonRpcServerNotInitialized(
-                    f"the server is not initialized: send 'initialize' before {method!r}"))
+                self._reject(
+                    message.id,
+                    JsonRpcServerNotInitialized(
+                        f"the server is not initialized: send 'initialize' before {method!r}"
+                    ),
+                )
             else:
                 log.warning("dropped notification %r received before initialize", method)
             return
@@ -143,8 +151,10 @@ class CompletionProtocol(LanguageServerProtocol):
             log.warning("didChange for %s, which is not open: ignored", message.params.text_document.uri)
             return
         if is_request and self._shutdown:
-            self._reject(message.id, JsonRpcInvalidRequest(
-                f"the server is shutting down: {method!r} refused after 'shutdown'"))
+            self._reject(
+                message.id,
+                JsonRpcInvalidRequest(f"the server is shutting down: {method!r} refused after 'shutdown'"),
+            )
             return
         super().handle_message(message)
 
@@ -177,10 +187,21 @@ class CompletionProtocol(LanguageServerProtocol):
 
 
 class LspWorkspace(Workspace):
-    def _create_text_document(self, doc_uri: str, source: str | None = None, version: int | None = None,
-                              language_id: str | None = None) -> TextDocument:
-        return LspTextDocument(doc_uri, source=source, version=version, language_id=language_id,
-                               sync_kind=self._sync_kind, position_codec=self.position_codec)
+    def _create_text_document(
+        self,
+        doc_uri: str,
+        source: str | None = None,
+        version: int | None = None,
+        language_id: str | None = None,
+    ) -> TextDocument:
+        return LspTextDocument(
+            doc_uri,
+            source=source,
+            version=version,
+            language_id=language_id,
+            sync_kind=self._sync_kind,
+            position_codec=self.position_codec,
+        )
 
 
 def use_lsp_line_model(workspace: Workspace) -> None:

@@ -68,7 +68,7 @@ class SuggestionMemory:
         typed = offset - shown.offset
         if not 0 < typed < len(shown.text) or len(source) != len(shown.source) + typed:
             return None
-        if not shown.text.startswith(source[shown.offset:offset]):
+        if not shown.text.startswith(source[shown.offset : offset]):
             return None
         start = shown.offset
         if source[offset:] != shown.source[start:] or source[:start] != shown.source[:start]:

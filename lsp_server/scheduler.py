@@ -72,6 +72,7 @@ class _Faults:
                 log.warning("%s: request job %d fails mid-decode", FAULTS_ENV, self.jobs)
                 raise InjectedFault(f"{FAULTS_ENV}: injected into decode {self.jobs}")
             return should_stop()
+
         return failing
 
 
@@ -131,8 +132,9 @@ class Scheduler:
         self._faults = _Faults(os.environ.get(FAULTS_ENV))
 
     # -- event loop side ---------------------------------------------------------------------
-    async def run(self, key: str, job: Job[T], *, debounce_s: float = 0.0,
-                  budget_s: float | None = None) -> Outcome[T]:
+    async def run(
+        self, key: str, job: Job[T], *, debounce_s: float = 0.0, budget_s: float | None = None
+    ) -> Outcome[T]:
         """Run ``job`` for ``key`` after the debounce, superseding any earlier job for ``key``.
 
         The time budget counts from this call, i.e. from the request's arrival, because that is
@@ -237,8 +239,9 @@ class Scheduler:
             try:
                 stop = ticket.should_stop if ticket.background else self._faults.wrap(ticket.should_stop)
                 value = job(stop)
-                outcome: Outcome = Outcome("done", value, budget_exhausted=ticket.budget_exhausted()
-                                           and not ticket.cancel.is_set())
+                outcome: Outcome = Outcome(
+                    "done", value, budget_exhausted=ticket.budget_exhausted() and not ticket.cancel.is_set()
+                )
             except Exception as exc:
                 log.exception("job for %s failed", ticket.key)
                 outcome = Outcome("failed", error=exc)

@@ -34,8 +34,12 @@ class CompletionServer(LanguageServer):
     """pygls' server plus the state the handlers share: settings, model, scheduler, stats."""
 
     def __init__(self, cli: Layered) -> None:
-        super().__init__(name="lsp_server", version=__version__, protocol_cls=CompletionProtocol,
-                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        super().__init__(
+            name="lsp_server",
+            version=__version__,
+            protocol_cls=CompletionProtocol,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
         self.base_settings = cli.settings  # defaults < CLI
         self.init_settings = cli.settings  # ... < initializationOptions
         self.settings = cli.settings  # ... < workspace/didChangeConfiguration: what is in effect
@@ -43,8 +47,13 @@ class CompletionServer(LanguageServer):
         self.stats = ServerStats()
         self.host = ModelHost()
         self.scheduler = Scheduler()
-        self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings,
-                                         lambda: self.workspace.text_documents)
+        self.service = CompletionService(
+            self.host,
+            self.scheduler,
+            self.stats,
+            lambda: self.settings,
+            lambda: self.workspace.text_documents,
+        )
         self.is_initialized = False
         self.shutdown_requested = False
         self.exit_code: int | None = None
@@ -69,8 +78,11 @@ class CompletionServer(LanguageServer):
     def tell_about(self, result: Layered, origin: str) -> None:
         for line in result.unknown:
             log.warning("%s: %s", origin, line)
-            self.window_log_message(types.LogMessageParams(
-                type=types.MessageType.Warning, message=f"lsp_server ({origin}): {line}"))
+            self.window_log_message(
+                types.LogMessageParams(
+                    type=types.MessageType.Warning, message=f"lsp_server ({origin}): {line}"
+                )
+            )
         if result.problems:
             message = f"lsp_server ({origin}): " + "; ".join(result.problems)
             log.warning("%s", message)
@@ -96,8 +108,9 @@ class CompletionServer(LanguageServer):
 def _inline_items(found: Completion | None) -> types.InlineCompletionList:
     if found is None:
         return types.InlineCompletionList(items=[])
-    item = types.InlineCompletionItem(insert_text=found.text, range=found.range,
-                                      command=found.accepted_command())
+    item = types.InlineCompletionItem(
+        insert_text=found.text, range=found.range, command=found.accepted_command()
+    )
     return types.InlineCompletionList(items=[item])
 
 
@@ -109,9 +122,15 @@ def _completion_items(found: Completion | None) -> types.CompletionList:
     if len(label) > LABEL_CHARS:
         label = label[: LABEL_CHARS - 1] + "…"
     item = types.CompletionItem(
-        label=label, kind=types.CompletionItemKind.Text, detail="lsp_server: rest of the line",
-        sort_text="0", filter_text=found.text, insert_text_format=types.InsertTextFormat.PlainText,
-        text_edit=types.TextEdit(range=found.range, new_text=found.text), command=found.accepted_command())
+        label=label,
+        kind=types.CompletionItemKind.Text,
+        detail="lsp_server: rest of the line",
+        sort_text="0",
+        filter_text=found.text,
+        insert_text_format=types.InsertTextFormat.PlainText,
+        text_edit=types.TextEdit(range=found.range, new_text=found.text),
+        command=found.accepted_command(),
+    )
     return types.CompletionList(is_incomplete=True, items=[item])
 
 
@@ -128,10 +147,14 @@ def _session_features(server: CompletionServer) -> None:
     @server.feature(types.INITIALIZE)
     def initialize(ls: CompletionServer, params: types.InitializeParams) -> None:
         use_lsp_line_model(ls.workspace)
-        ls.init_settings = ls.apply_settings(ls.base_settings, params.initialization_options,
-                                             "initializationOptions")
-        log.info("client %s, position encoding %s",
-                 params.client_info.name if params.client_info else "unknown", ls.workspace.position_encoding)
+        ls.init_settings = ls.apply_settings(
+            ls.base_settings, params.initialization_options, "initializationOptions"
+        )
+        log.info(
+            "client %s, position encoding %s",
+            params.client_info.name if params.client_info else "unknown",
+            ls.workspace.position_encoding,
+        )
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: CompletionServer, params: types.InitializedParams) -> None:
@@ -142,8 +165,9 @@ def _session_features(server: CompletionServer) -> None:
         ls.start_load()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: CompletionServer,
-                                       params: types.DidChangeConfigurationParams) -> None:
+    async def did_change_configuration(
+        ls: CompletionServer, params: types.DidChangeConfigurationParams
+    ) -> None:
         payload = params.settings
         if payload is None:  # the pull model: the client wants us to ask
             payload = await _pull_configuration(ls)
@@ -159,9 +183,15 @@ def _session_features(server: CompletionServer) -> None:
     def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
         snapshot = ls.stats.snapshot()
         snapshot["prefetch"]["running"] = ls.host.prefetching
-        return {**snapshot, "model": ls.host.state.to_dict(), "settings": ls.settings.to_lsp(),
-                "kv_cache": ls.host.cache_snapshot(), "draft_sources": ls.host.sources.snapshot(),
-                "position_encoding": _value(ls.workspace.position_encoding), "version": __version__}
+        return {
+            **snapshot,
+            "model": ls.host.state.to_dict(),
+            "settings": ls.settings.to_lsp(),
+            "kv_cache": ls.host.cache_snapshot(),
+            "draft_sources": ls.host.sources.snapshot(),
+            "position_encoding": _value(ls.workspace.position_encoding),
+            "version": __version__,
+        }
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: CompletionServer, params: Any) -> None:
@@ -182,20 +212,23 @@ def _completion_features(server: CompletionServer) -> None:
         ls.service.accepted(uri, text)
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: CompletionServer,
-                                params: types.InlineCompletionParams) -> types.InlineCompletionList:
+    async def inline_completion(
+        ls: CompletionServer, params: types.InlineCompletionParams
+    ) -> types.InlineCompletionList:
         uri = params.text_document.uri
         invoked = params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
-        found = await ls.service.complete("inline", uri, open_document(ls.workspace, uri), params.position,
-                                          invoked=invoked)
+        found = await ls.service.complete(
+            "inline", uri, open_document(ls.workspace, uri), params.position, invoked=invoked
+        )
         return _inline_items(found)
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
     async def completion(ls: CompletionServer, params: types.CompletionParams) -> types.CompletionList:
         uri = params.text_document.uri
         invoked = params.context is None or params.context.trigger_kind == types.CompletionTriggerKind.Invoked
-        found = await ls.service.complete("completion", uri, open_document(ls.workspace, uri),
-                                          params.position, invoked=invoked)
+        found = await ls.service.complete(
+            "completion", uri, open_document(ls.workspace, uri), params.position, invoked=invoked
+        )
         return _completion_items(found)
 
 

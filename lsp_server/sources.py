@@ -55,16 +55,26 @@ class DraftSources:
         return sum(tokens for _, tokens in self._indexed.values())
 
     def snapshot(self) -> dict[str, Any]:
-        return {"documents": len(self._indexed), "tokens": self.total_tokens,
-                "max_total_tokens": self.max_total_tokens, "accepted_tokens": self.accepted_tokens}
+        return {
+            "documents": len(self._indexed),
+            "tokens": self.total_tokens,
+            "max_total_tokens": self.max_total_tokens,
+            "accepted_tokens": self.accepted_tokens,
+        }
 
     # -- worker side -------------------------------------------------------------------------------------
     def forget(self, uri: str) -> None:
         """``uri`` was closed (the drafter itself is told by its ``forget``): not indexed any more."""
         self._indexed.pop(uri, None)
 
-    def sync(self, ngram: Any, documents: Mapping[str, DocumentSnapshot], exclude: str | None,
-             encode: Callable[[str], Sequence[int]], should_stop: Callable[[], bool]) -> int:
+    def sync(
+        self,
+        ngram: Any,
+        documents: Mapping[str, DocumentSnapshot],
+        exclude: str | None,
+        encode: Callable[[str], Sequence[int]],
+        should_stop: Callable[[], bool],
+    ) -> int:
         """Bring ``ngram``'s extra sources in line with ``documents``; how many were (re)indexed.
 
         Stops between documents when ``should_stop`` says so; the rest is picked up next time.

@@ -27,8 +27,11 @@ class DrafterTotals:
 
     def to_dict(self) -> dict[str, Any]:
         acceptance = self.accepted / self.proposed if self.proposed else None
-        return {"proposed": self.proposed, "accepted": self.accepted,
-                "acceptance": None if acceptance is None else round(acceptance, 4)}
+        return {
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance": None if acceptance is None else round(acceptance, 4),
+        }
 
 
 @dataclass
@@ -56,12 +59,17 @@ class ServerStats:
     drafters: dict[str, DrafterTotals] = field(default_factory=dict)
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     known_tokens: int = 0  # tokens answered from a document's greedy chain, without a pass
-    reuse: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("repeated", "typed_ahead", "from_chain", "accepted"), 0))
-    prefetch: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("runs", "completed", "preempted", "tokens", "target_passes"), 0))
-    phases_ms: dict[str, deque] = field(default_factory=lambda: {
-        name: deque(maxlen=LATENCY_WINDOW) for name in PHASES})
+    reuse: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("repeated", "typed_ahead", "from_chain", "accepted"), 0)
+    )
+    prefetch: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("runs", "completed", "preempted", "tokens", "target_passes"), 0
+        )
+    )
+    phases_ms: dict[str, deque] = field(
+        default_factory=lambda: {name: deque(maxlen=LATENCY_WINDOW) for name in PHASES}
+    )
 
     def answer(self, latency_ms: float, *, empty: bool) -> None:
         self.answered += 1
@@ -91,8 +99,11 @@ class ServerStats:
     def record_phases(self, *, queue_ms: float, prompt_ms: float, stats: Any, post_ms: float) -> None:
         """Where an answered decode's time went (``stats``: its ``decoding.GenerationStats``)."""
         other = max(0.0, stats.decode_ms - stats.draft_ms - stats.verify_ms)
-        for name, ms in zip(PHASES, (queue_ms, prompt_ms, stats.prefill_ms, stats.draft_ms, stats.verify_ms,
-                                     other, post_ms), strict=True):
+        for name, ms in zip(
+            PHASES,
+            (queue_ms, prompt_ms, stats.prefill_ms, stats.draft_ms, stats.verify_ms, other, post_ms),
+            strict=True,
+        ):
             self.phases_ms[name].append(ms)
 
     def snapshot(self) -> dict[str, Any]:
@@ -110,13 +121,19 @@ class ServerStats:
             "decodes": self.decodes,
             "stop_reasons": dict(self.stop_reasons),
             "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
-            "tokens_per_pass": (round(self.produced_tokens / self.target_passes, 4)
-                                if self.target_passes else None),
+            "tokens_per_pass": (
+                round(self.produced_tokens / self.target_passes, 4) if self.target_passes else None
+            ),
             "drafters": {name: totals.to_dict() for name, totals in self.drafters.items()},
             "known_tokens": self.known_tokens,
             "reuse": dict(self.reuse),
             "prefetch": dict(self.prefetch),
-            "phases_ms": {name: {"p50": percentile(list(values), 50), "p95": percentile(list(values), 95),
-                                 "mean": round(sum(values) / len(values), 2) if values else None}
-                          for name, values in self.phases_ms.items()},
+            "phases_ms": {
+                name: {
+                    "p50": percentile(list(values), 50),
+                    "p95": percentile(list(values), 95),
+                    "mean": round(sum(values) / len(values), 2) if values else None,
+                }
+                for name, values in self.phases_ms.items()
+            },
         }

@@ -58,7 +58,7 @@ class Cache:
             self.items.popitem(las‸)
 '''
 
-JAVASCRIPT = '''const fs = require('fs')
+JAVASCRIPT = """const fs = require('fs')
 const path = require('path')
 
 function readJson (file) {
@@ -81,9 +81,9 @@ class Registry {
     this.packages.set(name, ‸)
   }
 }
-'''
+"""
 
-TYPESCRIPT = '''import { readFile } from "fs/promises";
+TYPESCRIPT = """import { readFile } from "fs/promises";
 import type { Config } from "./config";
 
 export interface User {
@@ -108,9 +108,9 @@ export class UserStore {
     }
   }
 }
-'''
+"""
 
-GO = '''package store
+GO = """package store
 
 import (
 \t"errors"
@@ -142,9 +142,9 @@ func (s *Store) Get(key string) (*Item, error) {
 \t}
 \treturn item, nil
 }
-'''
+"""
 
-RUST = '''use std::collections::HashMap;
+RUST = """use std::collections::HashMap;
 use std::fmt;
 
 #[derive(Debug)]
@@ -172,9 +172,9 @@ impl Config {
         self.values.get(key).ok_or_else(|| Error::Missing(key.to_stri‸))
     }
 }
-'''
+"""
 
-JAVA = '''package org.example.cache;
+JAVA = """package org.example.cache;
 
 import java.util.HashMap;
 import java.util.Map;
@@ -198,9 +198,9 @@ public class Counter {
         return counts.getOrDefault(key, ‸);
     }
 }
-'''
+"""
 
-C = '''#include <stdio.h>
+C = """#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,9 +226,9 @@ static void buffer_grow(struct buffer *b, size_t need)
     if (!b->data)
         die("out of ‸");
 }
-'''
+"""
 
-CPP = '''#include <string>
+CPP = """#include <string>
 #include <vector>
 
 namespace text {
@@ -262,7 +262,7 @@ class Tokenizer {
 };
 
 }  // namespace text
-'''
+"""
 
 PYTHON_PROMPT = '''import json
 import os
@@ -278,7 +278,7 @@ class Cache:
         if len(self.items) > self.size:
             self.items.popitem(⟨las⟩'''
 
-JAVASCRIPT_PROMPT = '''const fs = require('fs')
+JAVASCRIPT_PROMPT = """const fs = require('fs')
 const path = require('path')
 
 class Registry {
@@ -290,9 +290,9 @@ class Registry {
   load (name) {
     const file = path.join(this.root, name, 'package.json')
     const pkg = readJson(file)
-    this.packages.set(name,⟨ ⟩'''
+    this.packages.set(name,⟨ ⟩"""
 
-TYPESCRIPT_PROMPT = '''import { readFile } from "fs/promises";
+TYPESCRIPT_PROMPT = """import { readFile } from "fs/promises";
 import type { Config } from "./config";
 
 export class UserStore {
@@ -302,9 +302,9 @@ export class UserStore {
   async load(file: string): Promise<void> {
     const raw = await readFile(file, "utf8");
     for (const user of JSON.parse(raw) as User[]) {
-      this.users.set(user.id,⟨ ⟩'''
+      this.users.set(user.id,⟨ ⟩"""
 
-GO_PROMPT = '''package store
+GO_PROMPT = """package store
 
 import (
 \t"errors"
@@ -318,9 +318,9 @@ func (s *Store) Get(key string) (*Item, error) {
 \tdefer s.mu.Unlock()
 \titem, ok := s.items[key]
 \tif !ok {
-\t\treturn nil,⟨ ⟩'''
+\t\treturn nil,⟨ ⟩"""
 
-RUST_PROMPT = '''use std::collections::HashMap;
+RUST_PROMPT = """use std::collections::HashMap;
 use std::fmt;
 
 pub struct Config {
@@ -333,9 +333,9 @@ impl Config {
     }
 
     pub fn get(&self, key: &str) -> Result<&String, Error> {
-        self.values.get(key).ok_or_else(|| Error::Missing(key.to_⟨stri⟩'''
+        self.values.get(key).ok_or_else(|| Error::Missing(key.to_⟨stri⟩"""
 
-JAVA_PROMPT = '''package org.example.cache;
+JAVA_PROMPT = """package org.example.cache;
 
 import java.util.HashMap;
 import java.util.Map;
@@ -348,9 +348,9 @@ public class Counter {
     }
 
     public int get(String key) {
-        return counts.getOrDefault(key,⟨ ⟩'''
+        return counts.getOrDefault(key,⟨ ⟩"""
 
-C_PROMPT = '''#include <stdio.h>
+C_PROMPT = """#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -358,9 +358,9 @@ static void buffer_grow(struct buffer *b, size_t need)
 {
     b->data = realloc(b->data, b->cap);
     if (!b->data)
-        die("out of⟨ ⟩'''
+        die("out of⟨ ⟩"""
 
-CPP_PROMPT = '''#include <string>
+CPP_PROMPT = """#include <string>
 #include <vector>
 
 namespace text {
@@ -373,7 +373,7 @@ class Tokenizer {
         std::string current;
         for (char c : source_) {
             if (c == ' ') {
-                result.push_back(⟨⟩'''
+                result.push_back(⟨⟩"""
 
 CASES: list[Golden] = [
     Golden("file:///w/cache.py", PYTHON, 120, PYTHON_PROMPT, "t=False)", "t=False)", (32, 34, 35)),

@@ -59,12 +59,14 @@ def tiny_model_dir() -> Path:
     return save_tiny_model(root / "model", tokenizer_source())
 
 
-def capabilities(encodings: list[str] | None = None, progress: bool = True,
-                 configuration: bool = True) -> types.ClientCapabilities:
+def capabilities(
+    encodings: list[str] | None = None, progress: bool = True, configuration: bool = True
+) -> types.ClientCapabilities:
     general = None
     if encodings is not None:
         general = types.GeneralClientCapabilities(
-            position_encodings=[types.PositionEncodingKind(e) for e in encodings])
+            position_encodings=[types.PositionEncodingKind(e) for e in encodings]
+        )
     return types.ClientCapabilities(
         general=general,
         window=types.WindowClientCapabilities(work_done_progress=progress),
@@ -72,7 +74,8 @@ def capabilities(encodings: list[str] | None = None, progress: bool = True,
         text_document=types.TextDocumentClientCapabilities(
             synchronization=types.TextDocumentSyncClientCapabilities(),
             completion=types.CompletionClientCapabilities(),
-            inline_completion=types.InlineCompletionClientCapabilities()),
+            inline_completion=types.InlineCompletionClientCapabilities(),
+        ),
     )
 
 
@@ -83,8 +86,15 @@ def server_command(*args: str, model: Path | str | None = None) -> list[str]:
     """The server over stdio with the tiny model, another model, or (``DEFAULT``) no --model flag."""
     if model == DEFAULT:
         return [sys.executable, "-m", "lsp_server", *args]
-    return [sys.executable, "-m", "lsp_server", "--stdio",
-            "--model", str(model if model is not None else tiny_model_dir()), *args]
+    return [
+        sys.executable,
+        "-m",
+        "lsp_server",
+        "--stdio",
+        "--model",
+        str(model if model is not None else tiny_model_dir()),
+        *args,
+    ]
 
 
 async def start(*args: str, model: Path | str | None = None) -> LanguageClient:
@@ -95,13 +105,25 @@ async def start(*args: str, model: Path | str | None = None) -> LanguageClient:
     return client
 
 
-async def start_initialized(*args: str, model: Path | str | None = None, options: Any = None,
-                            encodings: list[str] | None = None, progress: bool = True,
-                            wait_for_model: bool = True) -> tuple[LanguageClient, types.InitializeResult]:
+async def start_initialized(
+    *args: str,
+    model: Path | str | None = None,
+    options: Any = None,
+    encodings: list[str] | None = None,
+    progress: bool = True,
+    wait_for_model: bool = True,
+) -> tuple[LanguageClient, types.InitializeResult]:
     client = await start(*args, model=model)
-    result = await asyncio.wait_for(client.initialize_session(types.InitializeParams(
-        capabilities=capabilities(encodings, progress), initialization_options=options,
-        client_info=types.ClientInfo(name="pytest-lsp"))), ANSWER_TIMEOUT_S)
+    result = await asyncio.wait_for(
+        client.initialize_session(
+            types.InitializeParams(
+                capabilities=capabilities(encodings, progress),
+                initialization_options=options,
+                client_info=types.ClientInfo(name="pytest-lsp"),
+            )
+        ),
+        ANSWER_TIMEOUT_S,
+    )
     if wait_for_model:
         await wait_model(client)
     return client, result
@@ -141,32 +163,48 @@ async def wait_model(client: LanguageClient, statuses: tuple[str, ...] = ("ready
 
 
 def open_document(client: LanguageClient, text: str, uri: str = URI, version: int = 1) -> None:
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)
+        )
+    )
 
 
-def edit(client: LanguageClient, uri: str, version: int, start: tuple[int, int], end: tuple[int, int],
-         text: str) -> None:
+def edit(
+    client: LanguageClient, uri: str, version: int, start: tuple[int, int], end: tuple[int, int], text: str
+) -> None:
     """An incremental change replacing start..end (line, character in negotiated units) with text."""
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-        content_changes=[types.TextDocumentContentChangePartial(
-            range=types.Range(start=types.Position(*start), end=types.Position(*end)), text=text)]))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(start=types.Position(*start), end=types.Position(*end)), text=text
+                )
+            ],
+        )
+    )
 
 
-def inline_params(line: int, character: int, uri: str = URI,
-                  invoked: bool = True) -> types.InlineCompletionParams:
+def inline_params(
+    line: int, character: int, uri: str = URI, invoked: bool = True
+) -> types.InlineCompletionParams:
     trigger = types.InlineCompletionTriggerKind
     kind = trigger.Invoked if invoked else trigger.Automatic
     return types.InlineCompletionParams(
         context=types.InlineCompletionContext(trigger_kind=kind),
-        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line, character))
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line, character),
+    )
 
 
-async def inline(client: LanguageClient, line: int, character: int, uri: str = URI,
-                 invoked: bool = True) -> types.InlineCompletionList:
-    return await asyncio.wait_for(client.text_document_inline_completion_async(
-        inline_params(line, character, uri, invoked)), ANSWER_TIMEOUT_S)
+async def inline(
+    client: LanguageClient, line: int, character: int, uri: str = URI, invoked: bool = True
+) -> types.InlineCompletionList:
+    return await asyncio.wait_for(
+        client.text_document_inline_completion_async(inline_params(line, character, uri, invoked)),
+        ANSWER_TIMEOUT_S,
+    )
 
 
 async def configure(client: LanguageClient, settings: Any) -> None:
@@ -184,11 +222,16 @@ class RawServer:
         self.notifications: list[dict[str, Any]] = []
 
     @classmethod
-    async def start(cls, *args: str, model: Path | str | None = None, command: list[str] | None = None,
-                    ) -> RawServer:
+    async def start(
+        cls,
+        *args: str,
+        model: Path | str | None = None,
+        command: list[str] | None = None,
+    ) -> RawServer:
         command = command or server_command(*args, model=model)
         process = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
         return cls(process)
 
     def send(self, message: dict[str, Any] | bytes) -> None:
@@ -229,9 +272,16 @@ class RawServer:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     async def initialize(self, options: Any = None, msg_id: int = 0) -> dict[str, Any]:
-        answer = await self.request(msg_id, "initialize", {
-            "processId": None, "rootUri": None, "initializationOptions": options,
-            "capabilities": {"window": {"workDoneProgress": True}}})
+        answer = await self.request(
+            msg_id,
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": None,
+                "initializationOptions": options,
+                "capabilities": {"window": {"workDoneProgress": True}},
+            },
+        )
         self.notify("initialized", {})
         return answer
 

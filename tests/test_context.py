@@ -48,13 +48,21 @@ def position(text: str, offset: int) -> types.Position:
     return types.Position(line, len(text[start:offset].encode("utf-16-le")) // 2)
 
 
-def item_for(text: str, offset: int, decoded: str, uri: str = "file:///t.py", language_id: str | None = None,
-             multiline: str = "auto", max_lines: int = 12) -> tuple[str | None, tuple[int, int, int]]:
+def item_for(
+    text: str,
+    offset: int,
+    decoded: str,
+    uri: str = "file:///t.py",
+    language_id: str | None = None,
+    multiline: str = "auto",
+    max_lines: int = 12,
+) -> tuple[str | None, tuple[int, int, int]]:
     """What the server answers for ``decoded`` at ``offset``: the insert text and its range. The
     engine ends a multi-line decode where the block ends (``stop_when``), as the server asks it to."""
     cursor = locate(LspTextDocument(uri, text, position_codec=PositionCodec()), position(text, offset))
-    situation = postprocess.situation_for(text, cursor.offset, cursor.before, cursor.after,
-                                          detect(language_id, uri), multiline, max_lines)
+    situation = postprocess.situation_for(
+        text, cursor.offset, cursor.before, cursor.after, detect(language_id, uri), multiline, max_lines
+    )
     if situation.ending.multiline and (cut := situation.ending.cut(decoded)) is not None:
         decoded = decoded[:cut]
     return postprocess.finish(decoded, situation), (cursor.line, cursor.character, cursor.end_character)
@@ -106,7 +114,7 @@ def test_never_over_budget_never_a_cut_token(tokens, budget):
         ids = list(prompt.ids)
         assert len(ids) <= budget
         assert tokens.decode(ids) == prompt.text  # the ids are exactly the prompt's text
-        line = text[text.rfind("\n", 0, offset) + 1:offset]
+        line = text[text.rfind("\n", 0, offset) + 1 : offset]
         if tokens.count(line) < budget // 2:
             assert (prompt.text + prompt.healed).endswith(line)  # it ends at the cursor
         whole = tokens.encode(prompt.text + prompt.healed)
@@ -116,16 +124,18 @@ def test_never_over_budget_never_a_cut_token(tokens, budget):
 def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
     text = (STDLIB / "json" / "encoder.py").read_text()
     start = text.index("            if isinstance(value, str):")
-    line = text[start:text.index("\n", start)]
+    line = text[start : text.index("\n", start)]
     builder = ContextBuilder()
     previous = None
     for k in range(len("            "), len(line) + 1):
-        document = text[:start] + line[:k] + text[start + len(line):]
+        document = text[:start] + line[:k] + text[start + len(line) :]
         request = ContextRequest(document, start + k, 512, uri="file:///encoder.py")
         ids = list(builder.build(request, tokens).ids)
         if previous is not None:
-            shared = next((i for i, (a, b) in enumerate(zip(previous, ids, strict=False)) if a != b),
-                          min(len(previous), len(ids)))
+            shared = next(
+                (i for i, (a, b) in enumerate(zip(previous, ids, strict=False)) if a != b),
+                min(len(previous), len(ids)),
+            )
             assert shared >= len(previous) - 12  # only the cursor's line (and the healed token) moves
         previous = ids
     assert builder.parses.full_parses == 1  # the cursor line is blanked for parsing: one tree for all
@@ -134,14 +144,17 @@ def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
 # -- token healing in the prompt ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("before", "healed"), [
-    ("    yield from _iterencode_dic", "dic"),
-    ("x = 1\n        ", "\n        "),
-    ("    return ", " "),
-    ("call(", ""),  # after punctuation: nothing to heal
-    ("x = 1\n", "\n"),  # at a line start
-    ("name = 'café", "é"),
-])
+@pytest.mark.parametrize(
+    ("before", "healed"),
+    [
+        ("    yield from _iterencode_dic", "dic"),
+        ("x = 1\n        ", "\n        "),
+        ("    return ", " "),
+        ("call(", ""),  # after punctuation: nothing to heal
+        ("x = 1\n", "\n"),  # at a line start
+        ("name = 'café", "é"),
+    ],
+)
 def test_what_is_backed_up(tokens, before, healed):
     prompt = ContextBuilder().build(ContextRequest(before, len(before), 256, uri="file:///h.py"), tokens)
     assert prompt.healed == healed and prompt.text + prompt.healed == before
@@ -242,10 +255,14 @@ def square_area(side):
 
 
 def test_similar_code_from_another_open_document_comes_first_as_comments(tokens):
-    text = ("from helpers import circle_area\n\n\ndef report(radius):\n    area = circle_area(radius)\n"
-            "    perimeter = ")
-    others = (OpenDocument("file:///w/helpers.py", HELPERS),
-              OpenDocument("file:///w/notes.txt", "lunch at noon\n" * 30))
+    text = (
+        "from helpers import circle_area\n\n\ndef report(radius):\n    area = circle_area(radius)\n"
+        "    perimeter = "
+    )
+    others = (
+        OpenDocument("file:///w/helpers.py", HELPERS),
+        OpenDocument("file:///w/notes.txt", "lunch at noon\n" * 30),
+    )
     request = ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others)
     prompt = ContextBuilder().build(request, tokens)  # a 12-line window is cut to fit its share
     assert prompt.snippets and prompt.snippets[0].uri == "file:///w/helpers.py"
@@ -255,8 +272,10 @@ def test_similar_code_from_another_open_document_comes_first_as_comments(tokens)
     request = ContextRequest(text, len(text), 1024, uri="file:///w/main.py", others=others)
     roomy = ContextBuilder().build(request, tokens)
     assert "# def circle_perimeter(radius):" in roomy.text
-    none = ContextBuilder().build(ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others,
-                                                 neighbor_snippets=0), tokens)
+    none = ContextBuilder().build(
+        ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others, neighbor_snippets=0),
+        tokens,
+    )
     assert not none.snippets and not none.text.startswith("#")
 
 
@@ -279,7 +298,7 @@ def test_incremental_reparse_gives_the_same_tree_as_a_fresh_parse():
     window = window_for(text, len(text) // 2)
     first = cache.parse("file:///a.py", text, window, "python")
     assert first is not None and not first.incremental
-    edited = text[: len(text) // 2] + "x = [1, 2,\n" + text[len(text) // 2:]
+    edited = text[: len(text) // 2] + "x = [1, 2,\n" + text[len(text) // 2 :]
     again = cache.parse("file:///a.py", edited, window_for(edited, len(text) // 2), "python")
     fresh = ParseCache().parse("file:///b.py", edited, window_for(edited, len(text) // 2), "python")
     assert again.incremental and str(again.tree.root_node) == str(fresh.tree.root_node)
@@ -298,16 +317,24 @@ def test_languages_from_the_id_then_the_extension_then_plain_text():
 # -- bad input -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "offset", "uri", "language_id"), [
-    ("", 0, "file:///e.py", "python"),
-    ("def f():\n    return 1\n", 0, "file:///s.py", "python"),  # cursor at 0
-    ("def f():\n    return 1\n", 22, "file:///s.py", "python"),  # at the end
-    ("\x00\xff\ufffd\ud800 garbage \x1b[0m\n" * 50, 300, "file:///bin.py", "python"),  # junk, lone surrogate
-    (bytes(range(256)).decode("latin-1") * 20, 2000, "file:///bin.c", "c"),
-    ("some prose\n\nmore prose and so on", 20, "file:///notes.unknown", "made-up-language"),
-    ("{" * 3000 + "x", 3001, "file:///deep.js", "javascript"),  # deep nesting
-    ("x" * 100_000, 50_000, "file:///long.ts", None),  # one huge line
-])
+@pytest.mark.parametrize(
+    ("text", "offset", "uri", "language_id"),
+    [
+        ("", 0, "file:///e.py", "python"),
+        ("def f():\n    return 1\n", 0, "file:///s.py", "python"),  # cursor at 0
+        ("def f():\n    return 1\n", 22, "file:///s.py", "python"),  # at the end
+        (
+            "\x00\xff\ufffd\ud800 garbage \x1b[0m\n" * 50,
+            300,
+            "file:///bin.py",
+            "python",
+        ),  # junk, lone surrogate
+        (bytes(range(256)).decode("latin-1") * 20, 2000, "file:///bin.c", "c"),
+        ("some prose\n\nmore prose and so on", 20, "file:///notes.unknown", "made-up-language"),
+        ("{" * 3000 + "x", 3001, "file:///deep.js", "javascript"),  # deep nesting
+        ("x" * 100_000, 50_000, "file:///long.ts", None),  # one huge line
+    ],
+)
 def test_bad_input_never_crashes_and_keeps_the_budget(tokens, text, offset, uri, language_id):
     request = ContextRequest(text, offset, 64, uri=uri, language_id=language_id)
     prompt = ContextBuilder().build(request, tokens)

@@ -67,6 +67,7 @@ def reset(editor: Editor, *, unique: bool = False) -> int:
 
 def new_request(editor: Editor, start: int) -> dict[str, Any]:
     """Wait for the next inline-completion request sent after event ``start``."""
+
     def sent() -> dict[str, Any] | None:
         return next((e for e in editor.events()[start:] if e["kind"] == "pending"), None)
 
@@ -105,8 +106,10 @@ def test_the_suggestion_shows_as_ghost_text_and_tab_accepts_it(editor):
     assert editor.cursor() == (4, len(ACCEPTED)) and editor.mode() == "i"
     assert stale_drawings(editor.wait_quiet()[start:]) == []
     # The item's command told the server what was accepted (it becomes an n-gram draft source).
-    editor.wait("the server to hear of the acceptance",
-                lambda: editor.stats()["reuse"]["accepted"] == accepted_before + 1)
+    editor.wait(
+        "the server to hear of the acceptance",
+        lambda: editor.stats()["reuse"]["accepted"] == accepted_before + 1,
+    )
     assert_nothing_errored(editor)
 
 
@@ -115,7 +118,7 @@ def test_tab_with_no_suggestion_shown_is_a_plain_tab(editor):
     editor.input(APPEND_AT_SELF_Y + "<Tab>")  # before any suggestion can arrive
     editor.wait("the Tab", lambda: editor.lines()[3] != POINT[3])
     line = editor.lines()[3]
-    assert line.startswith(POINT[3]) and line[len(POINT[3]):].isspace()
+    assert line.startswith(POINT[3]) and line[len(POINT[3]) :].isspace()
     assert_nothing_errored(editor)
 
 
@@ -125,7 +128,7 @@ def test_toggled_off_nothing_is_asked_and_toggled_on_it_suggests_again(editor):
     editor.input(APPEND_AT_SELF_Y + "<Tab>")
     events = editor.wait_quiet(quiet_s=1.5)[start:]
     assert [e for e in events if e["kind"] in ("pending", "drawn")] == []
-    assert editor.lines()[3][len(POINT[3]):].isspace()
+    assert editor.lines()[3][len(POINT[3]) :].isspace()
 
     start = reset(editor)
     editor.nvim.command("SpeculativeCompleteToggle")
@@ -204,16 +207,23 @@ def test_stats_command_and_checkhealth_report_the_model_and_the_latency(editor):
     editor.wait("the ghost text", editor.ghost_text)
     reset(editor)
     editor.nvim.command("SpeculativeCompleteStats")
-    note = editor.wait("the stats message", lambda: next(
-        (n["message"] for n in editor.notes() if "lsp_server" in n["message"]), None))
+    note = editor.wait(
+        "the stats message",
+        lambda: next((n["message"] for n in editor.notes() if "lsp_server" in n["message"]), None),
+    )
     assert "model ready: default (cpu, float32" in note and "requests " in note and "latency p50" in note
 
     editor.nvim.command("checkhealth speculative_complete")
     report = editor.lines()
     items = [line for line in report if line.startswith("- ")]  # "- ✅ OK ...", "- ⚠️ WARNING ..."
     assert all(line.split()[2] == "OK" for line in items), report
-    for expected in ("OK ghost text:", "OK server command:", "OK server running",
-                     "OK model ready: default (cpu, float32", "OK last suggestion latency:"):
+    for expected in (
+        "OK ghost text:",
+        "OK server command:",
+        "OK server running",
+        "OK model ready: default (cpu, float32",
+        "OK last suggestion latency:",
+    ):
         assert any(expected in line for line in items), report
     editor.nvim.command("bwipeout")
     assert_nothing_errored(editor)
@@ -262,21 +272,25 @@ def test_what_was_typed_while_the_model_loaded_is_asked_again_when_it_is_ready(t
     pytest.fail(f"the model loaded before the first key in all {MAX_TRIES} tries")
 
 
-@pytest.mark.parametrize(("options", "named"), [
-    ({"ghost_text": "overlay"}, "ghost_text"),
-    ({"cmd": []}, "cmd"),
-    ({"filetypes": "python"}, "filetypes"),
-    ({"keymaps": {"accept": 1}}, "keymaps.accept"),
-    ({"debounce_ms": -1}, "debounce_ms"),
-    ({"model": "default"}, "model"),  # a server setting belongs under `settings`
-])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"ghost_text": "overlay"}, "ghost_text"),
+        ({"cmd": []}, "cmd"),
+        ({"filetypes": "python"}, "filetypes"),
+        ({"keymaps": {"accept": 1}}, "keymaps.accept"),
+        ({"debounce_ms": -1}, "debounce_ms"),
+        ({"model": "default"}, "model"),  # a server setting belongs under `settings`
+    ],
+)
 def test_setup_rejects_a_bad_option_by_name(tmp_path, options, named):
     editor = Editor(tmp_path, "0.12", "auto")
     try:
         ok, message = editor.lua("return { pcall(require('speculative_complete').setup, ...) }", options)
         assert not ok and f"option {named} must be" in message
-        resolved = editor.lua("return require('speculative_complete.config').resolve(...)",
-                              {"keymaps": {"accept": "<C-l>"}})
+        resolved = editor.lua(
+            "return require('speculative_complete.config').resolve(...)", {"keymaps": {"accept": "<C-l>"}}
+        )
         assert resolved["keymaps"] == {"accept": "<C-l>"} and resolved["args"][0] == "--stdio"
     finally:
         editor.close()

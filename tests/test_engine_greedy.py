@@ -37,8 +37,10 @@ def perturbed_copy(model, seed: int, scale: float):
 @pytest.fixture(scope="module")
 def targets():
     # Sharper logits give repetitive greedy text (n-gram matches); flatter ones give little repetition.
-    return [tiny_model(seed, layers=2, logit_scale=scale) for seed, scale in
-            [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]]
+    return [
+        tiny_model(seed, layers=2, logit_scale=scale)
+        for seed, scale in [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def make_case(i: int):
     """Case i: a prompt (often self-repeating, to give n-gram matches) and a stopping variant."""
     rng = random.Random(i)
     motif = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 8))]
-    prompt = (motif * rng.randint(1, 4) + [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(0, 6))])
+    prompt = motif * rng.randint(1, 4) + [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(0, 6))]
     return rng, prompt[: rng.randint(1, len(prompt))], i % 4
 
 
@@ -69,7 +71,7 @@ def expected_output(reference: list[int], variant: int, rng: random.Random):
     text = tok.decode(reference)
     if variant == 2:  # a two-token stop string taken from the output itself
         start = rng.randrange(len(reference) - 1)
-        stop = text[start:start + 2]
+        stop = text[start : start + 2]
         cut = text.find(stop)
         return {"max_new_tokens": MAX_NEW, "stop_strings": (stop,)}, None, reference[:cut], text[:cut]
     cut = text.find("\n")  # end of line (token NEWLINE), when the output has one
@@ -91,8 +93,9 @@ def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int
         try:
             engine = SpeculativeEngine(loaded(target))
             draft_model = loaded(near[which] if i % 3 else other[which])
-            drafter = make_drafter(drafter_name, draft_model=draft_model, cost=engine.cost,
-                                   max_draft=rng.choice([2, 4, 8]))
+            drafter = make_drafter(
+                drafter_name, draft_model=draft_model, cost=engine.cost, max_draft=rng.choice([2, 4, 8])
+            )
             result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
         finally:
             target.config.eos_token_id = None
@@ -132,7 +135,7 @@ class RejectAt:
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         done = len(tokens) - self.prompt_len
-        draft = self.truth[done:done + min(self.length, max_len)]
+        draft = self.truth[done : done + min(self.length, max_len)]
         if self.wrong is not None and self.wrong < len(draft):
             draft = list(draft)
             draft[self.wrong] = (draft[self.wrong] + 1) % TINY_VOCAB

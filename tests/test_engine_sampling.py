@@ -64,12 +64,15 @@ def models():
     return target, draft
 
 
-@pytest.mark.parametrize("drafter_name,params", [
-    ("none", SamplingParams(temperature=1.0, top_k=4)),
-    ("ngram", SamplingParams(temperature=0.8, top_k=4)),
-    ("model", SamplingParams(temperature=1.0, top_k=4)),
-    ("auto", SamplingParams(temperature=1.2, top_k=6, top_p=0.9)),
-])
+@pytest.mark.parametrize(
+    "drafter_name,params",
+    [
+        ("none", SamplingParams(temperature=1.0, top_k=4)),
+        ("ngram", SamplingParams(temperature=0.8, top_k=4)),
+        ("model", SamplingParams(temperature=1.0, top_k=4)),
+        ("auto", SamplingParams(temperature=1.2, top_k=6, top_p=0.9)),
+    ],
+)
 def test_first_tokens_follow_the_targets_sampling_distribution(models, drafter_name, params):
     target, draft = models
     depth = 2
@@ -78,8 +81,9 @@ def test_first_tokens_follow_the_targets_sampling_distribution(models, drafter_n
     drafter = make_drafter(drafter_name, draft_model=loaded(draft), cost=engine.cost, max_draft=3)
     if drafter_name == "auto":
         drafter.MIN_GAIN = 0.0  # always speculate, so the test exercises drafting on every step
-    config = GenerationConfig(max_new_tokens=4, temperature=params.temperature, top_k=params.top_k,
-                              top_p=params.top_p)
+    config = GenerationConfig(
+        max_new_tokens=4, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+    )
     counts: dict[tuple[int, ...], int] = {}
     proposed = accepted = 0
     for seed in range(SAMPLES):

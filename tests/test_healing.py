@@ -20,10 +20,73 @@ from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.healing import HealingIndex, PrefixConstraint, back_up, prefix_compatible, token_bytes_table
 from tests.tiny_models import loaded, tiny_model
 
-PIECES = ["\n", " ", "  ", "    ", "\n    ", "\n  ", "a", "ab", "abc", "abcd", "b", "bc", "c", "d", "de",
-          "def", "e", "f", "x", "xy", "y", "z", "(", ")", "()", "):", ":", "=", " =", " x", " a", " ab",
-          "é", "ü", "_", "_a", "1", "2", "12", ",", ", ", ".", "g", "h", "i", "j", "k", "l", "m", "n",
-          "o", "p", "q", "r", "s", "t", "u", "v", "w", "\t", "\t\t", "[", "]", "\"", "'"]
+PIECES = [
+    "\n",
+    " ",
+    "  ",
+    "    ",
+    "\n    ",
+    "\n  ",
+    "a",
+    "ab",
+    "abc",
+    "abcd",
+    "b",
+    "bc",
+    "c",
+    "d",
+    "de",
+    "def",
+    "e",
+    "f",
+    "x",
+    "xy",
+    "y",
+    "z",
+    "(",
+    ")",
+    "()",
+    "):",
+    ":",
+    "=",
+    " =",
+    " x",
+    " a",
+    " ab",
+    "é",
+    "ü",
+    "_",
+    "_a",
+    "1",
+    "2",
+    "12",
+    ",",
+    ", ",
+    ".",
+    "g",
+    "h",
+    "i",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "o",
+    "p",
+    "q",
+    "r",
+    "s",
+    "t",
+    "u",
+    "v",
+    "w",
+    "\t",
+    "\t\t",
+    "[",
+    "]",
+    '"',
+    "'",
+]
 
 
 class PieceTokenizer:
@@ -47,8 +110,8 @@ class PieceTokenizer:
         ids, i = [], 0
         while i < len(text):
             for n in range(min(self.longest, len(text) - i), 0, -1):
-                if text[i:i + n] in self.ids:
-                    ids.append(self.ids[text[i:i + n]])
+                if text[i : i + n] in self.ids:
+                    ids.append(self.ids[text[i : i + n]])
                     i += n
                     break
             else:
@@ -167,8 +230,10 @@ def masked_greedy(model, index: HealingIndex, prompt: list[int], required: str, 
 
 @pytest.fixture(scope="module")
 def tiny_targets():
-    return [tiny_model(seed, layers=2, vocab_size=VOCAB, logit_scale=scale)
-            for seed, scale in [(21, 1.0), (22, 10.0), (23, 30.0)]]
+    return [
+        tiny_model(seed, layers=2, vocab_size=VOCAB, logit_scale=scale)
+        for seed, scale in [(21, 1.0), (22, 10.0), (23, 30.0)]
+    ]
 
 
 REQUIRED = ["ab", "abc", "\n    ", "\n   ", " ", "é", "xy(", "de", "  ", "_a", "\t"]
@@ -187,14 +252,19 @@ def test_healed_greedy_equals_masked_plain_greedy(tiny_targets, drafter_name):
         max_new = rng.randint(1, 30)
         want = masked_greedy(target, index, prompt, required, max_new)
         engine = SpeculativeEngine(loaded(target, TOK))
-        drafter = make_drafter(drafter_name, draft_model=loaded(tiny_targets[(case + 1) % 3], TOK),
-                               cost=engine.cost, max_draft=rng.choice([2, 4, 8]))
-        result = engine.generate(prompt, GenerationConfig(max_new_tokens=max_new, required_prefix=required),
-                                 drafter)
+        drafter = make_drafter(
+            drafter_name,
+            draft_model=loaded(tiny_targets[(case + 1) % 3], TOK),
+            cost=engine.cost,
+            max_draft=rng.choice([2, 4, 8]),
+        )
+        result = engine.generate(
+            prompt, GenerationConfig(max_new_tokens=max_new, required_prefix=required), drafter
+        )
         assert result.token_ids == want, f"case {case}"
         full = TOK.decode(want)
         if len(full) >= len(required):
-            assert full.startswith(required) and result.text == full[len(required):]
+            assert full.startswith(required) and result.text == full[len(required) :]
         else:
             assert required.startswith(full) and result.text == ""
         drafted += sum(s.proposed for s in result.stats.drafters.values())
@@ -209,9 +279,12 @@ def test_stops_apply_only_after_the_required_text(tiny_targets):
     want = masked_greedy(target, index, prompt, "\n    ", 20)
     full = TOK.decode(want)
     engine = SpeculativeEngine(loaded(target, TOK))
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=20, required_prefix="\n    ",
-                                                      stop_at_newline=True), make_drafter("ngram"))
-    body = full[len("\n    "):]
+    result = engine.generate(
+        prompt,
+        GenerationConfig(max_new_tokens=20, required_prefix="\n    ", stop_at_newline=True),
+        make_drafter("ngram"),
+    )
+    body = full[len("\n    ") :]
     assert result.text == body.split("\n", 1)[0]  # the required "\n" did not stop it
     assert TOK.decode(result.token_ids).startswith("\n    ")
 
@@ -221,8 +294,9 @@ def test_stop_when_cuts_where_the_caller_says(tiny_targets):
     engine = SpeculativeEngine(loaded(target, TOK))
     plain = engine.generate(ids("a", "b"), GenerationConfig(max_new_tokens=20))
     assert len(plain.text) > 4
-    result = engine.generate(ids("a", "b"), GenerationConfig(max_new_tokens=20,
-                                                             stop_when=lambda t: 3 if len(t) >= 3 else None))
+    result = engine.generate(
+        ids("a", "b"), GenerationConfig(max_new_tokens=20, stop_when=lambda t: 3 if len(t) >= 3 else None)
+    )
     assert result.text == plain.text[:3] and result.stop_reason == "stop"
     assert len(result.token_ids) <= len(plain.token_ids)
 
@@ -260,9 +334,10 @@ def healed(engine: SpeculativeEngine, text: str, **kwargs) -> tuple[str, str]:
 def test_mid_word_healing_keeps_the_rest_of_the_word(default_model):
     source = ENCODER.read_text()
     cursor = source.index("yield from _iterencode_dict(o, _current_indent_level)") + len(
-        "yield from _iterencode_dic")
+        "yield from _iterencode_dic"
+    )
     engine = SpeculativeEngine(default_model)
-    plain, healed_text = healed(engine, source[max(0, cursor - 1500):cursor])
+    plain, healed_text = healed(engine, source[max(0, cursor - 1500) : cursor])
     assert plain.startswith("(o,")  # the slip: the "t" of "dict" is lost
     assert healed_text.startswith("t(o, _current_indent_level)")
 
@@ -299,8 +374,9 @@ def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
         cut = rng.randint(len(prompt), len(chain) - 2)
         required = TOK.pieces[chain[cut]] if rng.random() < 0.5 else rng.choice(REQUIRED)
         want = masked_greedy(target, index, chain[:cut], required, 10)
-        healed = engine.generate(chain[:cut], GenerationConfig(max_new_tokens=10, required_prefix=required),
-                                 cache_key="doc")
+        healed = engine.generate(
+            chain[:cut], GenerationConfig(max_new_tokens=10, required_prefix=required), cache_key="doc"
+        )
         assert healed.token_ids == want, f"case {case}"
         used_known += healed.stats.known_tokens > 0
         # Whatever healing forced is not replayed as the model's own greedy choice.

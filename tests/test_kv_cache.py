@@ -59,8 +59,9 @@ def test_reuse_gives_the_same_tokens_as_a_fresh_prefill_under_any_edits(target, 
     for seed in range(8):
         store = PrefixCache(64 * MB)
         engine = SpeculativeEngine(loaded(target), prefix_cache=store)
-        drafter = make_drafter(drafter_name, draft_model=loaded(draft), cost=engine.cost,
-                               session_cache_bytes=16 * MB)
+        drafter = make_drafter(
+            drafter_name, draft_model=loaded(draft), cost=engine.cost, session_cache_bytes=16 * MB
+        )
         previous: list[int] = []
         for action, prompt in edit_sequence(seed):
             if action == "close":
@@ -72,8 +73,10 @@ def test_reuse_gives_the_same_tokens_as_a_fresh_prefill_under_any_edits(target, 
             assert result.token_ids == want, f"seed {seed}, {action}: reuse changed the output"
             # Reuse never goes past the common prefix with what the document's entry held, and
             # misses none of it but the last prompt token (fed for its logits) off the greedy path.
-            common = next((i for i, (a, b) in enumerate(zip(previous, prompt, strict=False)) if a != b),
-                          min(len(previous), len(prompt)))
+            common = next(
+                (i for i, (a, b) in enumerate(zip(previous, prompt, strict=False)) if a != b),
+                min(len(previous), len(prompt)),
+            )
             assert min(common, len(prompt) - 1) <= result.stats.reused_tokens <= common, (seed, action)
             reused_somewhere |= result.stats.reused_tokens > 0
             previous = prompt + result.token_ids
@@ -109,8 +112,9 @@ def test_the_known_continuation_is_not_used_for_sampling_or_off_the_greedy_path(
     engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
     prompt = [random.Random(3).randrange(TINY_VOCAB) for _ in range(25)]
     first = engine.generate(prompt, GenerationConfig(max_new_tokens=6), cache_key="d")
-    sampled = engine.generate(prompt, GenerationConfig(max_new_tokens=6, temperature=1.0, seed=1),
-                              cache_key="d")
+    sampled = engine.generate(
+        prompt, GenerationConfig(max_new_tokens=6, temperature=1.0, seed=1), cache_key="d"
+    )
     assert sampled.stats.known_tokens == 0 and sampled.stats.target_passes >= 1
     # A sampled generation leaves no greedy chain behind.
     assert engine.generate(prompt, GenerationConfig(max_new_tokens=6), cache_key="d").stats.known_tokens == 0
@@ -212,8 +216,9 @@ def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between
         return forward(tokens, cache, keep)
 
     engine._forward = counting_forward
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=8, prefill_chunk=8), cancel=stop,
-                             cache_key="d")
+    result = engine.generate(
+        prompt, GenerationConfig(max_new_tokens=8, prefill_chunk=8), cancel=stop, cache_key="d"
+    )
     assert result.stop_reason == "cancelled"
     assert chunks["n"] == 2  # stopped right after the chunk in flight, not after all 25
     cached = engine.prefix_cache.take("d", prompt).cache
@@ -280,8 +285,9 @@ def test_dropping_a_key_while_its_cache_is_lent_keeps_nothing_the_generation_giv
             closed["done"] = True
         return False
 
-    engine.generate(prompt + [1], GenerationConfig(max_new_tokens=4), cancel=close_mid_decode,
-                    cache_key="doc")
+    engine.generate(
+        prompt + [1], GenerationConfig(max_new_tokens=4), cancel=close_mid_decode, cache_key="doc"
+    )
     assert closed["done"] and store.snapshot()["entries"] == 0 and store.snapshot()["lent"] == 0
     engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="doc")  # reopened: kept again
     assert store.snapshot()["entries"] == 1

@@ -52,9 +52,13 @@ def import_graph() -> dict[str, set[str]]:
                 edges.add(imported)
             # importing a submodule runs its package's __init__ first
             parts = imported.split(".")
-            edges.update(".".join(parts[:i]) for i in range(1, len(parts))
-                         if ".".join(parts[:i]) in modules and ".".join(parts[:i]) != name
-                         and not name.startswith(".".join(parts[:i]) + "."))
+            edges.update(
+                ".".join(parts[:i])
+                for i in range(1, len(parts))
+                if ".".join(parts[:i]) in modules
+                and ".".join(parts[:i]) != name
+                and not name.startswith(".".join(parts[:i]) + ".")
+            )
         graph[name] = edges
     return graph
 
@@ -68,7 +72,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()

@@ -15,23 +15,26 @@ def at(source: str) -> tuple[str, int]:
     return source.replace("‸", ""), source.index("‸")
 
 
-@pytest.mark.parametrize(("source", "decoded", "item"), [
-    ('print(‸)', '"hi")', '"hi")'),  # the auto-closed ")" is replaced, not doubled
-    ('print(‸)', '"hi"', '"hi")'),  # the model stopped early: the ")" stays
-    ('print(‸)', '"hi"))', '"hi")'),  # one closer too many: cut
-    ('name = "‸"', 'Ada"', 'Ada"'),  # an auto-closed quote
-    ('xs = [‸]', '1, 2, 3]', '1, 2, 3]'),
-    ('if ok(‸):', 'x)', 'x):'),  # overlap with the rest of the line is not repeated
-    ('total = sum(‸', 'values)', 'values)'),
-    ('total = sum(‸', 'values))', 'values)'),
-    ('call(a, ‸)  # note', 'b)', 'b)  # note'),
-    ('x = ‸', '   ', None),  # blank: no item
-    ('x = ‸', '', None),
-    ('value = compute(‸)', ')', None),  # leaves the line as it is
-    ('x = ‸   ', 'value  ', 'value'),  # trailing blanks of the line are replaced
-    ('s = ‸', 'caf\ufffd', 'caf'),  # a broken trailing character is dropped
-    ('s = ‸', 'abc\r\ndef', 'abc'),  # one line
-])
+@pytest.mark.parametrize(
+    ("source", "decoded", "item"),
+    [
+        ("print(‸)", '"hi")', '"hi")'),  # the auto-closed ")" is replaced, not doubled
+        ("print(‸)", '"hi"', '"hi")'),  # the model stopped early: the ")" stays
+        ("print(‸)", '"hi"))', '"hi")'),  # one closer too many: cut
+        ('name = "‸"', 'Ada"', 'Ada"'),  # an auto-closed quote
+        ("xs = [‸]", "1, 2, 3]", "1, 2, 3]"),
+        ("if ok(‸):", "x)", "x):"),  # overlap with the rest of the line is not repeated
+        ("total = sum(‸", "values)", "values)"),
+        ("total = sum(‸", "values))", "values)"),
+        ("call(a, ‸)  # note", "b)", "b)  # note"),
+        ("x = ‸", "   ", None),  # blank: no item
+        ("x = ‸", "", None),
+        ("value = compute(‸)", ")", None),  # leaves the line as it is
+        ("x = ‸   ", "value  ", "value"),  # trailing blanks of the line are replaced
+        ("s = ‸", "caf\ufffd", "caf"),  # a broken trailing character is dropped
+        ("s = ‸", "abc\r\ndef", "abc"),  # one line
+    ],
+)
 def test_one_line_items_against_what_the_editor_has(source, decoded, item):
     text, offset = at(source)
     got, (line, start, end) = item_for(text, offset, decoded)
@@ -47,22 +50,36 @@ def test_a_suggestion_that_rewrites_the_next_line_is_dropped():
     assert item_for(text, offset, "1")[0] == "1"
 
 
-@pytest.mark.parametrize(("source", "uri", "decoded", "item"), [
-    # Python: after `def f(x):` the body, stopping at the dedent.
-    ("def f(x):\n    ‸\n\n\ndef g():\n    pass\n", "file:///a.py",
-     "y = x * 2\n    return y\n\n\ndef h():\n    pass", "y = x * 2\n    return y"),
-    # ... from the end of the header line itself: the body starts on a new line.
-    ("def f(x):‸\n", "file:///a.py", "\n    return x\n\nprint(1)\n", "\n    return x"),
-    # C with the closing brace already there (auto-inserted): stop before it.
-    ("int f(int x) {\n    ‸\n}\n", "file:///a.c",
-     "if (x) {\n        return 1;\n    }\n    return 0;\n}\n\nint g(void)",
-     "if (x) {\n        return 1;\n    }\n    return 0;"),
-    # JS without a closing brace yet: it is part of the suggestion.
-    ("function f (x) {\n  ‸", "file:///a.js", "return x + 1\n}\n\nfunction g () {", "return x + 1\n}"),
-    # Go: `if err != nil {` opens a block.
-    ("func f() error {\n\tif err != nil {\n\t\t‸\n\t}\n\treturn nil\n}\n", "file:///a.go",
-     "return err\n\t}\n\treturn nil\n}", "return err"),
-])
+@pytest.mark.parametrize(
+    ("source", "uri", "decoded", "item"),
+    [
+        # Python: after `def f(x):` the body, stopping at the dedent.
+        (
+            "def f(x):\n    ‸\n\n\ndef g():\n    pass\n",
+            "file:///a.py",
+            "y = x * 2\n    return y\n\n\ndef h():\n    pass",
+            "y = x * 2\n    return y",
+        ),
+        # ... from the end of the header line itself: the body starts on a new line.
+        ("def f(x):‸\n", "file:///a.py", "\n    return x\n\nprint(1)\n", "\n    return x"),
+        # C with the closing brace already there (auto-inserted): stop before it.
+        (
+            "int f(int x) {\n    ‸\n}\n",
+            "file:///a.c",
+            "if (x) {\n        return 1;\n    }\n    return 0;\n}\n\nint g(void)",
+            "if (x) {\n        return 1;\n    }\n    return 0;",
+        ),
+        # JS without a closing brace yet: it is part of the suggestion.
+        ("function f (x) {\n  ‸", "file:///a.js", "return x + 1\n}\n\nfunction g () {", "return x + 1\n}"),
+        # Go: `if err != nil {` opens a block.
+        (
+            "func f() error {\n\tif err != nil {\n\t\t‸\n\t}\n\treturn nil\n}\n",
+            "file:///a.go",
+            "return err\n\t}\n\treturn nil\n}",
+            "return err",
+        ),
+    ],
+)
 def test_multi_line_where_the_cursor_opens_an_empty_block(source, uri, decoded, item):
     text, offset = at(source)
     assert item_for(text, offset, decoded, uri)[0] == item
@@ -92,22 +109,26 @@ def test_a_block_body_never_starts_without_one():
     assert item_for(text, offset, "\n\n")[0] is None
 
 
-@pytest.mark.parametrize(("before", "after", "style", "multi"), [
-    ("def f():\n    ", "", "python", True),
-    ("if (x) {\n    ", "\n}", "javascript", True),
-    ("if (x) {", "", "c", True),
-    ("x = 1\n    ", "", "python", False),  # not after a header
-    ("def f():\n    ", "\n    return 1\n", "python", False),  # the body is not empty
-    ("if (x) {\n    ", "\n    y();\n}", "java", False),
-    ("def f():\n    ", "", "text", False),  # plain text has no blocks
-    ("class A:  # note\n    ", "", "python", True),
-])
+@pytest.mark.parametrize(
+    ("before", "after", "style", "multi"),
+    [
+        ("def f():\n    ", "", "python", True),
+        ("if (x) {\n    ", "\n}", "javascript", True),
+        ("if (x) {", "", "c", True),
+        ("x = 1\n    ", "", "python", False),  # not after a header
+        ("def f():\n    ", "\n    return 1\n", "python", False),  # the body is not empty
+        ("if (x) {\n    ", "\n    y();\n}", "java", False),
+        ("def f():\n    ", "", "text", False),  # plain text has no blocks
+        ("class A:  # note\n    ", "", "python", True),
+    ],
+)
 def test_when_a_block_body_is_offered(before, after, style, multi):
     spec = SPECS[style]
     text = before + after
     line = before.split("\n")[-1]
-    ending = decide(text, len(before), line, after.split("\n")[0], spec, "auto", 12,
-                    next_code_line(text, len(before)))
+    ending = decide(
+        text, len(before), line, after.split("\n")[0], spec, "auto", 12, next_code_line(text, len(before))
+    )
     assert ending.multiline is multi
 
 

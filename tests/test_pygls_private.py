@@ -18,13 +18,16 @@ def parameters(function) -> list[str]:
     return list(inspect.signature(function).parameters)
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("_send_response", ["self", "msg_id", "result", "error"]),
-    ("_handle_cancel_notification", ["self", "msg_id"]),
-    ("_handle_response", ["self", "msg_id", "result", "error"]),
-    ("structure_message", ["self", "data"]),
-    ("handle_message", ["self", "message"]),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("_send_response", ["self", "msg_id", "result", "error"]),
+        ("_handle_cancel_notification", ["self", "msg_id"]),
+        ("_handle_response", ["self", "msg_id", "result", "error"]),
+        ("structure_message", ["self", "data"]),
+        ("handle_message", ["self", "message"]),
+    ],
+)
 def test_the_protocol_methods_overridden_or_called_exist_with_these_parameters(name, expected):
     assert parameters(getattr(JsonRPCProtocol, name)) == expected
 
@@ -40,8 +43,13 @@ def test_the_protocol_and_server_attributes_read_exist():
 
 
 def test_the_workspace_creates_documents_through_the_overridden_method():
-    assert parameters(Workspace._create_text_document) == ["self", "doc_uri", "source", "version",
-                                                           "language_id"]
+    assert parameters(Workspace._create_text_document) == [
+        "self",
+        "doc_uri",
+        "source",
+        "version",
+        "language_id",
+    ]
     workspace = Workspace(None)
     assert hasattr(workspace, "_sync_kind")
     use_lsp_line_model(workspace)

@@ -9,27 +9,52 @@ import json
 from benchmarks import quality
 from tests.lsp_helpers import tiny_model_dir
 
-PYTHON = "".join(f"def handler_{i}(request, response):\n    response.status = request.code + {i}\n"
-                 f"    return response.render(template='page_{i}.html')\n\n\n" for i in range(12))
-JAVASCRIPT = "".join(f"function handler{i} (request, response) {{\n  response.status = request.code + {i}\n"
-                     f"  return response.render('page{i}.html')\n}}\n\n" for i in range(12))
-C = "#include <stdio.h>\n\n" + "".join(f"static int handler_{i}(struct request *request)\n{{\n"
-                                      f"    return request->code + {i} * request->weight;\n}}\n\n"
-                                      for i in range(12))
+PYTHON = "".join(
+    f"def handler_{i}(request, response):\n    response.status = request.code + {i}\n"
+    f"    return response.render(template='page_{i}.html')\n\n\n"
+    for i in range(12)
+)
+JAVASCRIPT = "".join(
+    f"function handler{i} (request, response) {{\n  response.status = request.code + {i}\n"
+    f"  return response.render('page{i}.html')\n}}\n\n"
+    for i in range(12)
+)
+C = "#include <stdio.h>\n\n" + "".join(
+    f"static int handler_{i}(struct request *request)\n{{\n"
+    f"    return request->code + {i} * request->weight;\n}}\n\n"
+    for i in range(12)
+)
 
 
 def test_the_quality_benchmark_runs_end_to_end_on_a_tiny_corpus(tmp_path):
     roots = {}
-    for lang, name, text in [("python", "app.py", PYTHON), ("javascript", "app.js", JAVASCRIPT),
-                             ("c", "app.c", C)]:
+    for lang, name, text in [
+        ("python", "app.py", PYTHON),
+        ("javascript", "app.js", JAVASCRIPT),
+        ("c", "app.c", C),
+    ]:
         folder = tmp_path / lang
         folder.mkdir()
         (folder / name).write_text(text)
         roots[lang] = folder
     out = tmp_path / "quality.json"
-    result = quality.main(["--n", "2", "--budget", "96", "--max-new-tokens", "4", "--keystroke-lines", "1",
-                           "--model", str(tiny_model_dir()), "--out", str(out),
-                           *[f"--root={lang}={folder}" for lang, folder in roots.items()]])
+    result = quality.main(
+        [
+            "--n",
+            "2",
+            "--budget",
+            "96",
+            "--max-new-tokens",
+            "4",
+            "--keystroke-lines",
+            "1",
+            "--model",
+            str(tiny_model_dir()),
+            "--out",
+            str(out),
+            *[f"--root={lang}={folder}" for lang, folder in roots.items()],
+        ]
+    )
     saved = json.loads(out.read_text())
     assert saved["summary"] == json.loads(json.dumps(result["summary"]))
     for lang in ("python", "javascript", "c", "all"):

@@ -43,8 +43,11 @@ def random_blocks(kind: QType, rng: np.random.Generator) -> np.ndarray:
 @pytest.mark.parametrize("kind", [QType.Q4_0, QType.Q4_1, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.F16])
 def test_gguf_blocks_decode_to_the_gguf_packages_own_values(kind):
     rng = np.random.default_rng(int(kind))
-    raw = (rng.standard_normal((OUT, IN)).astype(np.float16).view(np.uint8) if kind == QType.F16
-           else random_blocks(kind, rng))
+    raw = (
+        rng.standard_normal((OUT, IN)).astype(np.float16).view(np.uint8)
+        if kind == QType.F16
+        else random_blocks(kind, rng)
+    )
     tensor = decode_tensor(raw, kind, (OUT, IN))
     want = quants.dequantize(raw, kind).reshape(OUT, IN)
     assert (tensor.terms is not None) == supports_int4(kind)
@@ -81,13 +84,16 @@ def test_int4_layer_multiplies_with_the_files_values_up_to_bf16_scales(kind):
 def test_every_row_is_computed_as_if_it_were_alone(make):
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((OUT * 3, IN)).astype(np.float32)
-    layer = (DenseLinear(torch.from_numpy(weight)) if make == "dense"
-             else linear_for(quantize_dense(weight, 4 if make == "int4" else 8)))
+    layer = (
+        DenseLinear(torch.from_numpy(weight))
+        if make == "dense"
+        else linear_for(quantize_dense(weight, 4 if make == "int4" else 8))
+    )
     x = torch.randn(256, IN)
     full = layer(x)
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 100):
         start = int(rng.integers(0, 256 - rows))
-        assert torch.equal(layer(x[start:start + rows]), full[start:start + rows]), rows
+        assert torch.equal(layer(x[start : start + rows]), full[start : start + rows]), rows
 
 
 @pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
@@ -137,10 +143,10 @@ def test_the_lean_forward_is_batch_invariant_bit_for_bit(bits):
         cache, rows, done = forward.new_cache(), [], 0
         while done < len(tokens):
             n = rng.choice([1, 1, 2, 3, 5, 9, 17, 40, 255, 300]) if trial else 1
-            rows.append(forward(tokens[done:done + n], cache))
+            rows.append(forward(tokens[done : done + n], cache))
             done += n
-        assert torch.equal(torch.cat(rows)[:len(tokens)], whole), trial
-        assert torch.equal(cache.keys[:, :, :len(tokens)], one_pass.keys[:, :, :len(tokens)])
+        assert torch.equal(torch.cat(rows)[: len(tokens)], whole), trial
+        assert torch.equal(cache.keys[:, :, : len(tokens)], one_pass.keys[:, :, : len(tokens)])
 
 
 def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
@@ -159,9 +165,16 @@ def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
 
 
 def lean_loaded(forward, eos: int | None = None) -> LoadedModel:
-    return LoadedModel(model=None, tokenizer=TinyTokenizer(), device=torch.device("cpu"),
-                       dtype=torch.float32, source="tiny", forward=forward,
-                       config=tiny_config(eos_token_id=eos), quantization="int4")
+    return LoadedModel(
+        model=None,
+        tokenizer=TinyTokenizer(),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source="tiny",
+        forward=forward,
+        config=tiny_config(eos_token_id=eos),
+        quantization="int4",
+    )
 
 
 def plain_greedy_pass(forward, prompt: list[int], max_new: int) -> list[int]:
@@ -177,8 +190,10 @@ def plain_greedy_pass(forward, prompt: list[int], max_new: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def quantized_pairs():
-    targets = [tiny_model(seed, layers=2, logit_scale=scale) for seed, scale in
-               [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]]
+    targets = [
+        tiny_model(seed, layers=2, logit_scale=scale)
+        for seed, scale in [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]
+    ]
     near = [from_transformers(perturbed_copy(t, i, 0.3), 4) for i, t in enumerate(targets)]
     return [from_transformers(t, 4) for t in targets], near
 
@@ -194,15 +209,18 @@ def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_p
         reference = plain_greedy_pass(target, prompt, MAX_NEW)
         kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
         engine = SpeculativeEngine(lean_loaded(target, eos))
-        drafter = make_drafter(drafter_name, draft_model=lean_loaded(near[i % len(near)]), cost=engine.cost,
-                               max_draft=rng.choice([2, 4, 8]))
+        drafter = make_drafter(
+            drafter_name,
+            draft_model=lean_loaded(near[i % len(near)]),
+            cost=engine.cost,
+            max_draft=rng.choice([2, 4, 8]),
+        )
         result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
         assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
         assert result.text == want_text
         for stats in result.stats.drafters.values():
             proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
     assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
-
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():

@@ -20,8 +20,18 @@ from decoding.models import ModelLoadError, check_draft_compatible, load_model
 pytestmark = pytest.mark.real_model
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-FILES = ["json/encoder.py", "textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py",
-         "csv.py", "string.py", "dataclasses.py", "functools.py"]
+FILES = [
+    "json/encoder.py",
+    "textwrap.py",
+    "shlex.py",
+    "fractions.py",
+    "bisect.py",
+    "heapq.py",
+    "csv.py",
+    "string.py",
+    "dataclasses.py",
+    "functools.py",
+]
 
 
 def stdlib_prompts(count: int, prompt_chars: int = 900, seed: int = 0) -> list[str]:
@@ -36,7 +46,7 @@ def stdlib_prompts(count: int, prompt_chars: int = 900, seed: int = 0) -> list[s
             continue
         offset = sum(len(line) for line in lines[:index])
         indent = len(lines[index]) - len(lines[index].lstrip())
-        prompts.append(text[max(0, offset + indent - prompt_chars): offset + indent])
+        prompts.append(text[max(0, offset + indent - prompt_chars) : offset + indent])
     return prompts
 
 
@@ -48,13 +58,16 @@ def bf16_draft(default_model):
 
 
 @pytest.mark.parametrize("weights", ["quantized", "fp32"])
-def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(weights, default_model, fp32_model,
-                                                                       bf16_draft):
+def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(
+    weights, default_model, fp32_model, bf16_draft
+):
     target = default_model if weights == "quantized" else fp32_model
     assert (target.model is None) == (weights == "quantized")
     engine = SpeculativeEngine(target)
-    drafters = {name: make_drafter(name, draft_model=bf16_draft, cost=engine.cost)
-                for name in ("ngram", "model", "auto")}
+    drafters = {
+        name: make_drafter(name, draft_model=bf16_draft, cost=engine.cost)
+        for name in ("ngram", "model", "auto")
+    }
     config = GenerationConfig(max_new_tokens=20, stop_at_newline=True)
     drafted = dict.fromkeys(drafters, 0)
     for prompt in stdlib_prompts(20):
@@ -72,7 +85,7 @@ def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(weights, 
 def test_ngram_gets_several_tokens_per_pass_where_the_code_repeats(default_model):
     engine = SpeculativeEngine(default_model)
     source = (STDLIB / "shlex.py").read_text()
-    chunk = source[source.index("    def read_token(self):"):][:1200]
+    chunk = source[source.index("    def read_token(self):") :][:1200]
     prompt = chunk + "\n\n# the same code again\n" + chunk[:600]
     ids = engine.encode(prompt)
     config = GenerationConfig(max_new_tokens=40)
@@ -107,9 +120,28 @@ def test_cli_batch_prints_one_json_object_per_prompt(tmp_path):
     lines = [{"id": "a", "prompt": "def add(a, b):\n    return"}, {"prompt": "import os\nimport"}]
     prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     done = subprocess.run(
-        [sys.executable, "-m", "decoding", "--prompts-jsonl", str(prompts), "--json", "--drafter", "auto",
-         "--max-new-tokens", "8", "--stop-at-newline", "--device", "cpu", "--seed", "0"],
-        capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "decoding",
+            "--prompts-jsonl",
+            str(prompts),
+            "--json",
+            "--drafter",
+            "auto",
+            "--max-new-tokens",
+            "8",
+            "--stop-at-newline",
+            "--device",
+            "cpu",
+            "--seed",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["id"] for r in records] == ["a", "1"]
@@ -123,11 +155,18 @@ def test_cli_batch_prints_one_json_object_per_prompt(tmp_path):
 def test_cli_reports_bad_input_clearly(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt field"}\n')
-    for args, message in [(["--prompt-file", str(tmp_path / "missing.txt")], "No such file"),
-                          (["--prompts-jsonl", str(bad)], "'prompt' field"),
-                          (["--prompt-file", str(bad), "--model", str(tmp_path / "no-model")], "not found")]:
-        done = subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True,
-                              timeout=120, check=False)
+    for args, message in [
+        (["--prompt-file", str(tmp_path / "missing.txt")], "No such file"),
+        (["--prompts-jsonl", str(bad)], "'prompt' field"),
+        (["--prompt-file", str(bad), "--model", str(tmp_path / "no-model")], "not found"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "decoding", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
@@ -153,7 +192,7 @@ def test_the_quantized_forward_computes_each_row_the_same_in_any_pass(default_mo
     whole = forward(tokens, forward.new_cache())
     cache, rows, done = forward.new_cache(), [], 0
     for n in (300, 1, 17, 5, 200, 1, 9, 167):
-        rows.append(forward(tokens[done:done + n], cache))
+        rows.append(forward(tokens[done : done + n], cache))
         done += n
     assert done == len(tokens)
     assert torch.equal(torch.cat(rows), whole)

@@ -16,8 +16,10 @@ from tests import lsp_helpers as h
 def write_corpus(folder: Path) -> None:
     folder.mkdir()
     for name, word in (("shapes.py", "area"), ("money.py", "amount")):
-        body = "".join(f"def {word}_{i}(value):\n    result = value * {i}\n    return result + {i}\n\n"
-                       for i in range(20))
+        body = "".join(
+            f"def {word}_{i}(value):\n    result = value * {i}\n    return result + {i}\n\n"
+            for i in range(20)
+        )
         (folder / name).write_text(body)
 
 
@@ -26,10 +28,31 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
     write_corpus(corpus)
     out = tmp_path / "replay.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.replay", "--corpus", str(corpus), "--files", "2", "--lines", "2",
-         "--cps", "30", "--configs", "shipped,baseline", "--model", str(h.tiny_model_dir()),
-         "--options", json.dumps({"maxNewTokens": 6, "timeBudgetMs": 0}), "--out", str(out)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.replay",
+            "--corpus",
+            str(corpus),
+            "--files",
+            "2",
+            "--lines",
+            "2",
+            "--cps",
+            "30",
+            "--configs",
+            "shipped,baseline",
+            "--model",
+            str(h.tiny_model_dir()),
+            "--options",
+            json.dumps({"maxNewTokens": 6, "timeBudgetMs": 0}),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads(out.read_text())
     records = payload["records"]

@@ -71,8 +71,9 @@ async def test_a_newer_request_supersedes_the_running_one_at_once(scheduler):
 
 async def test_jobs_on_different_documents_do_not_supersede_each_other(scheduler):
     jobs = [SpinJob(steps=5), SpinJob(steps=5)]
-    outcomes = await asyncio.wait_for(asyncio.gather(
-        scheduler.run("a", jobs[0]), scheduler.run("b", jobs[1])), GUARD_S)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(scheduler.run("a", jobs[0]), scheduler.run("b", jobs[1])), GUARD_S
+    )
     assert [o.status for o in outcomes] == ["done", "done"]
     assert [o.value for o in outcomes] == [5, 5]
 

@@ -47,8 +47,11 @@ async def test_other_languages_and_odd_documents_are_answered(tiny):
     ]
     before = await h.stats(tiny)
     for uri, language, text, (line, character) in cases:
-        tiny.text_document_did_open(types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id=language, version=1, text=text)))
+        tiny.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=uri, language_id=language, version=1, text=text)
+            )
+        )
         answer = await h.inline(tiny, line, character, uri=uri)
         for item in answer.items:
             assert item.insert_text.strip() and item.range.start == types.Position(line, character)
@@ -73,7 +76,7 @@ async def test_token_healing_mid_word_through_the_server(real):
     source = ENCODER.read_text()
     start = source.index("yield from _iterencode_dict(o, _current_indent_level)")
     cursor = start + len("yield from _iterencode_dic")
-    text = source[:cursor] + source[source.index("\n", cursor):]  # the user is writing this line
+    text = source[:cursor] + source[source.index("\n", cursor) :]  # the user is writing this line
     uri = "file:///work/encoder.py"
     h.open_document(real, text, uri=uri)
     line = text.count("\n", 0, cursor)

@@ -19,10 +19,15 @@ async def test_a_cancel_for_an_answered_request_is_ignored_without_a_warning(tmp
     try:
         await server.initialize()
         await server.wait_model()
-        server.notify("textDocument/didOpen", {"textDocument": {
-            "uri": h.URI, "languageId": "python", "version": 1, "text": "print('hi')"}})
-        params = {"textDocument": {"uri": h.URI}, "position": {"line": 0, "character": 11},
-                  "context": {"triggerKind": 1}}
+        server.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": h.URI, "languageId": "python", "version": 1, "text": "print('hi')"}},
+        )
+        params = {
+            "textDocument": {"uri": h.URI},
+            "position": {"line": 0, "character": 11},
+            "context": {"triggerKind": 1},
+        }
         assert "result" in await server.request(3, INLINE, params)
         server.notify("$/cancelRequest", {"id": 3})  # too late: answered already
         stats = (await server.request(4, h.STATS))["result"]  # handled after the cancel
@@ -39,8 +44,18 @@ async def test_a_response_after_the_server_stopped_waiting_is_dropped_quietly(tm
     log_file = tmp_path / "server.log"
     server = await h.RawServer.start("--log-level", "error", "--log-file", str(log_file))
     try:
-        server.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "processId": None, "rootUri": None, "capabilities": {"window": {"workDoneProgress": True}}}})
+        server.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "processId": None,
+                    "rootUri": None,
+                    "capabilities": {"window": {"workDoneProgress": True}},
+                },
+            }
+        )
         assert "result" in await server.receive()
         server.notify("initialized", {})
         create = await server.receive()

@@ -108,8 +108,9 @@ async def test_utf32_is_negotiated_when_the_client_prefers_it():
 async def test_completion_fallback_is_one_item_whose_edit_covers_what_it_inserts(client):
     uri = "file:///work/completion.py"
     h.open_document(client, "def area(width, height):\n    return width * height)\n", uri=uri)
-    params = types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=uri),
-                                    position=types.Position(1, 25))
+    params = types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(1, 25)
+    )
     answer = await asyncio.wait_for(client.text_document_completion_async(params), h.ANSWER_TIMEOUT_S)
     assert isinstance(answer, types.CompletionList) and answer.is_incomplete
     (item,) = answer.items
@@ -123,8 +124,9 @@ async def test_unknown_and_closed_documents_get_an_empty_answer(client):
     assert (await h.inline(client, 0, 0, uri="file:///never/opened.py")).items == ()
     uri = "file:///work/closed.py"
     h.open_document(client, "x = 1\n", uri=uri)
-    client.text_document_did_close(types.DidCloseTextDocumentParams(
-        text_document=types.TextDocumentIdentifier(uri=uri)))
+    client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
     assert (await h.inline(client, 0, 5, uri=uri)).items == ()
     h.edit(client, uri, 2, (0, 0), (0, 0), "y")  # a change to a closed document is ignored quietly
     await h.stats(client)
@@ -167,9 +169,11 @@ async def test_binary_content_nul_and_non_lsp_line_breaks_keep_positions_right(c
 
 
 async def test_invalid_utf8_in_a_message_is_repaired_not_dropped(client):
-    body = (b'{"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": '
-            b'{"uri": "file:///work/latin1.py", "languageId": "python", "version": 1, '
-            b'"text": "name = \'caf\xe9\'\\nprint(na"}}}')
+    body = (
+        b'{"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": '
+        b'{"uri": "file:///work/latin1.py", "languageId": "python", "version": 1, '
+        b'"text": "name = \'caf\xe9\'\\nprint(na"}}}'
+    )
     client.protocol.writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
     item = only_item(await h.inline(client, 1, 8, uri="file:///work/latin1.py"))
     assert item.range.start == types.Position(1, 8)

@@ -18,13 +18,17 @@ INLINE = "textDocument/inlineCompletion"
 
 
 def inline(uri: str = h.URI, line: int = 0, character: int = 0) -> dict:
-    return {"textDocument": {"uri": uri}, "position": {"line": line, "character": character},
-            "context": {"triggerKind": 1}}
+    return {
+        "textDocument": {"uri": uri},
+        "position": {"line": line, "character": character},
+        "context": {"triggerKind": 1},
+    }
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lsp_server", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "lsp_server", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_version_and_help_exit_zero_and_name_every_flag():
@@ -32,20 +36,33 @@ def test_version_and_help_exit_zero_and_name_every_flag():
     assert version.returncode == 0 and re.match(r"lsp_server \S+", version.stdout)
     usage = run_cli("--help")
     assert usage.returncode == 0
-    for flag in ("--stdio", "--tcp", "--model", "--draft-model", "--drafter", "--device", "--dtype",
-                 "--log-level", "--log-file", "--version"):
+    for flag in (
+        "--stdio",
+        "--tcp",
+        "--model",
+        "--draft-model",
+        "--drafter",
+        "--device",
+        "--dtype",
+        "--log-level",
+        "--log-file",
+        "--version",
+    ):
         assert flag in usage.stdout
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--device", "tpu"], "argument --device: 'tpu': expected auto, cpu"),
-    (["--dtype", "int4"], "argument --dtype: 'int4': expected one of auto"),
-    (["--tcp", "localhost"], "argument --tcp: expected HOST:PORT"),
-    (["--drafter", "magic"], "argument --drafter: invalid choice: 'magic'"),
-    (["--drafter", "model"], "--drafter model needs --draft-model"),
-    (["--model", ""], "argument --model: '': expected a non-empty string"),
-    (["--stdio", "--tcp", "localhost:1"], "argument --tcp: not allowed with argument --stdio"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--device", "tpu"], "argument --device: 'tpu': expected auto, cpu"),
+        (["--dtype", "int4"], "argument --dtype: 'int4': expected one of auto"),
+        (["--tcp", "localhost"], "argument --tcp: expected HOST:PORT"),
+        (["--drafter", "magic"], "argument --drafter: invalid choice: 'magic'"),
+        (["--drafter", "model"], "--drafter model needs --draft-model"),
+        (["--model", ""], "argument --model: '': expected a non-empty string"),
+        (["--stdio", "--tcp", "localhost:1"], "argument --tcp: not allowed with argument --stdio"),
+    ],
+)
 def test_bad_command_line_values_exit_2_with_a_message(args, says):
     result = run_cli(*args)
     assert result.returncode == 2 and result.stdout == ""
@@ -59,8 +76,10 @@ async def test_requests_before_initialize_get_server_not_initialized():
             answer = await server.request(msg_id, method, inline() if method == INLINE else None)
             assert answer["error"]["code"] == NOT_INITIALIZED
             assert "initialize" in answer["error"]["message"]
-        server.notify("textDocument/didOpen", {"textDocument": {
-            "uri": h.URI, "languageId": "python", "version": 1, "text": "x"}})  # dropped, no crash
+        server.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": h.URI, "languageId": "python", "version": 1, "text": "x"}},
+        )  # dropped, no crash
         assert "capabilities" in (await server.initialize(msg_id=5))["result"]
     finally:
         await server.kill()
@@ -70,8 +89,10 @@ async def test_requests_while_the_model_loads_get_an_empty_answer():
     server = await h.RawServer.start()
     try:
         await server.initialize()
-        server.notify("textDocument/didOpen", {"textDocument": {
-            "uri": h.URI, "languageId": "python", "version": 1, "text": "total = price *"}})
+        server.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": h.URI, "languageId": "python", "version": 1, "text": "total = price *"}},
+        )
         answer = await server.request(1, INLINE, inline(character=15))
         status = (await server.request(2, h.STATS))["result"]["model"]["status"]
         if status == "loading":  # importing torch alone takes seconds, so this is the usual case
@@ -99,9 +120,11 @@ async def test_malformed_params_and_bytes_get_an_answer_and_the_server_stays_up(
                 assert "Position.line should be in range" in answer["error"]["message"]
                 assert answer["error"]["message"].endswith("@ params.position")
         server.send(b'{"jsonrpc": "2.0", "id": 50, "method": ')  # not JSON: nothing to answer
-        bad_utf8 = (b'{"jsonrpc": "2.0", "id": 51, "method": "textDocument/inlineCompletion", '
-                    b'"params": {"textDocument": {"uri": "file:///caf\xe9.py"}, '
-                    b'"position": {"line": 0, "character": 0}, "context": {"triggerKind": 1}}}')
+        bad_utf8 = (
+            b'{"jsonrpc": "2.0", "id": 51, "method": "textDocument/inlineCompletion", '
+            b'"params": {"textDocument": {"uri": "file:///caf\xe9.py"}, '
+            b'"position": {"line": 0, "character": 0}, "context": {"triggerKind": 1}}}'
+        )
         server.send(bad_utf8)
         assert (await server.response(51))["result"] == {"items": []}  # an unknown document
         assert "result" in await server.request(52, h.STATS)
@@ -131,8 +154,17 @@ async def test_the_process_exits_when_stdin_closes_even_in_the_middle_of_a_decod
     try:
         await server.initialize({"maxNewTokens": 2000, "multiline": True, "timeBudgetMs": 0})
         assert (await server.wait_model())["model"]["loaded"]
-        server.notify("textDocument/didOpen", {"textDocument": {
-            "uri": h.URI, "languageId": "python", "version": 1, "text": "def f(x):\n    return x"}})
+        server.notify(
+            "textDocument/didOpen",
+            {
+                "textDocument": {
+                    "uri": h.URI,
+                    "languageId": "python",
+                    "version": 1,
+                    "text": "def f(x):\n    return x",
+                }
+            },
+        )
         server.send({"jsonrpc": "2.0", "id": 7, "method": INLINE, "params": inline(line=1, character=12)})
         await asyncio.sleep(0.5)
         stats = (await server.request(8, h.STATS))["result"]
@@ -149,8 +181,10 @@ async def test_logs_stay_off_stdout_even_at_debug_level(tmp_path):
     try:
         await server.initialize()
         await server.wait_model()  # every frame read so far parsed as LSP
-        server.notify("textDocument/didOpen", {"textDocument": {
-            "uri": h.URI, "languageId": "python", "version": 1, "text": "print('hi')"}})
+        server.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": h.URI, "languageId": "python", "version": 1, "text": "print('hi')"}},
+        )
         assert "result" in await server.request(3, INLINE, inline(character=11))
         await server.request(4, "shutdown")
         server.notify("exit")
@@ -176,8 +210,10 @@ async def test_tcp_transport_serves_one_client_and_exits_after_it():
         drain = asyncio.ensure_future(process.stderr.read())  # keep the pipe from filling up
         client = h.make_test_lsp_client()
         await client.start_tcp("127.0.0.1", port)
-        result = await asyncio.wait_for(client.initialize_session(types.InitializeParams(
-            capabilities=h.capabilities())), h.ANSWER_TIMEOUT_S)
+        result = await asyncio.wait_for(
+            client.initialize_session(types.InitializeParams(capabilities=h.capabilities())),
+            h.ANSWER_TIMEOUT_S,
+        )
         assert result.capabilities.inline_completion_provider is not None
         await h.wait_model(client)
         h.open_document(client, "total = price *")

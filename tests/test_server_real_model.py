@@ -36,8 +36,9 @@ async def test_after_the_indentation_of_a_new_line_the_next_statement_is_suggest
 
 
 async def test_the_completion_fallback_offers_the_same_line(client):
-    params = types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=URI),
-                                    position=types.Position(3, 8))
+    params = types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=URI), position=types.Position(3, 8)
+    )
     (item,) = (await client.text_document_completion_async(params)).items
     assert item.text_edit.new_text == "self.y = y" and item.label == "self.y = y"
 

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 
 ROOMY = {"timeBudgetMs": 120000, "debounceMs": 0}
 REUSE_OFF = {**ROOMY, "kvCacheMb": 0, "typeAhead": False, "prefetch": False}
-CODE = '''import os
+CODE = """import os
 
 
 def read_config(path):
@@ -38,7 +38,7 @@ def read_config(path):
 def write_config(path, values):
     with open(path, "w") as handle:
         for key, value in values.items():
-            handle.write'''
+            handle.write"""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -74,8 +74,9 @@ class Doc:
 
     def close(self) -> None:
         for client in self.servers:
-            client.text_document_did_close(types.DidCloseTextDocumentParams(
-                text_document=types.TextDocumentIdentifier(uri=self.uri)))
+            client.text_document_did_close(
+                types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=self.uri))
+            )
 
     def reopen(self) -> None:
         self.version = 1

@@ -55,14 +55,22 @@ async def test_items_carry_the_accepted_command_and_running_it_feeds_the_drafter
     assert item.command.command == "lsp_server.accepted"
     assert list(item.command.arguments) == [uri, item.insert_text]
     before = await h.stats(client)
-    await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
-        command=item.command.command, arguments=item.command.arguments)), h.ANSWER_TIMEOUT_S)
+    await asyncio.wait_for(
+        client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command=item.command.command, arguments=item.command.arguments)
+        ),
+        h.ANSWER_TIMEOUT_S,
+    )
     assert (await h.stats(client))["reuse"]["accepted"] == before["reuse"]["accepted"] + 1
     await h.inline(client, 0, 16, uri=uri)  # an answer lets the worker index it when idle
     await eventually(client, lambda s: s["draft_sources"]["accepted_tokens"] > 0, "indexing the accepted")
     with pytest.raises(JsonRpcInvalidParams):
-        await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
-            command="lsp_server.accepted", arguments=[1])), h.ANSWER_TIMEOUT_S)
+        await asyncio.wait_for(
+            client.workspace_execute_command_async(
+                types.ExecuteCommandParams(command="lsp_server.accepted", arguments=[1])
+            ),
+            h.ANSWER_TIMEOUT_S,
+        )
 
 
 async def test_other_open_documents_become_draft_sources(client):
@@ -107,13 +115,18 @@ async def test_closing_a_document_mid_decode_leaves_nothing_of_it_behind(client)
     h.open_document(client, text, uri=uri)
     before = await h.stats(client)
     running = asyncio.ensure_future(
-        client.text_document_inline_completion_async(h.inline_params(0, len(text), uri)))
+        client.text_document_inline_completion_async(h.inline_params(0, len(text), uri))
+    )
     await eventually(client, lambda s: s["kv_cache"]["lent"] > before["kv_cache"]["lent"], "the decode")
-    client.text_document_did_close(types.DidCloseTextDocumentParams(
-        text_document=types.TextDocumentIdentifier(uri=uri)))
+    client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
     assert (await asyncio.wait_for(running, h.ANSWER_TIMEOUT_S)).items == ()  # superseded by the close
-    after = await eventually(client, lambda s: s["kv_cache"]["lent"] == before["kv_cache"]["lent"],
-                             "the decode giving its cache back")
+    after = await eventually(
+        client,
+        lambda s: s["kv_cache"]["lent"] == before["kv_cache"]["lent"],
+        "the decode giving its cache back",
+    )
     assert after["kv_cache"]["entries"] == before["kv_cache"]["entries"]  # its cache was not kept
     # Reopened with the same text, the request is a new one: nothing was remembered of the old.
     h.open_document(client, text, uri=uri)

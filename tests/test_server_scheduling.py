@@ -55,8 +55,9 @@ async def test_cancel_request_stops_the_decode_mid_way_and_is_answered(client):
     h.open_document(client, "def total(items):\n    return sum", uri=uri)
     before = await h.stats(client)
     msg_id = "cancel-me"
-    future = client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION,
-                                          h.inline_params(1, 14, uri), msg_id=msg_id)
+    future = client.protocol.send_request(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, h.inline_params(1, 14, uri), msg_id=msg_id
+    )
     await asyncio.sleep(0.5)
     client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
     with pytest.raises(JsonRpcRequestCancelled):
@@ -76,8 +77,9 @@ async def test_fifty_rapid_requests_with_edits_are_all_answered_and_only_the_new
     for i in range(50):  # the user types on; like Neovim, the client never cancels
         h.edit(client, uri, i + 2, (0, len(line)), (0, len(line)), "x")
         line += "x"
-        pending.append(client.text_document_inline_completion_async(
-            h.inline_params(0, len(line), uri, invoked=False)))
+        pending.append(
+            client.text_document_inline_completion_async(h.inline_params(0, len(line), uri, invoked=False))
+        )
     answers = await asyncio.wait_for(asyncio.gather(*pending), h.ANSWER_TIMEOUT_S)
     assert all(answer.items == () for answer in answers[:-1])
     after = await settled(client, before, decodes=1)
@@ -128,8 +130,9 @@ async def test_the_debounce_holds_automatic_requests_but_not_invoked_ones(client
     uri = "file:///work/debounce.py"
     h.open_document(client, "count = len", uri=uri)
     before = await h.stats(client)
-    waiting = asyncio.ensure_future(client.text_document_inline_completion_async(
-        h.inline_params(0, 11, uri, invoked=False)))
+    waiting = asyncio.ensure_future(
+        client.text_document_inline_completion_async(h.inline_params(0, 11, uri, invoked=False))
+    )
     await asyncio.sleep(0.3)
     held = await h.stats(client)
     assert delta(before, held, "requests") == 1 and delta(before, held, "answered") == 0

@@ -25,8 +25,9 @@ DOC_URI = "file:///work/settings.py"
 def second_model() -> Path:
     from tests.tiny_models import save_tiny_model
 
-    return save_tiny_model(Path(tempfile.mkdtemp(prefix="lsp-tiny-model-2-")) / "model", h.tokenizer_source(),
-                           seed=1)
+    return save_tiny_model(
+        Path(tempfile.mkdtemp(prefix="lsp-tiny-model-2-")) / "model", h.tokenizer_source(), seed=1
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -43,14 +43,35 @@ def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
     assert again.settings.enabled is True and again.settings.debounce_ms == 5
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("maxNewTokens", 0), ("maxNewTokens", "64"), ("maxNewTokens", 2.5), ("maxNewTokens", True),
-    ("contextTokens", 10**9), ("debounceMs", -1), ("timeBudgetMs", None), ("enabled", "yes"),
-    ("drafter", "fast"), ("device", "tpu"), ("dtype", "int4"), ("model", ""), ("model", 3),
-    ("draftModel", 5), ("multiline", 1), ("kvCacheMb", -1), ("typeAhead", "on"), ("prefetch", None),
-    ("decoder", "llama.cpp"), ("multiline", "sometimes"), ("maxLines", 0), ("fimTemplate", "gpt"),
-    ("neighborSnippets", 11), ("tokenHealing", "on"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("maxNewTokens", 0),
+        ("maxNewTokens", "64"),
+        ("maxNewTokens", 2.5),
+        ("maxNewTokens", True),
+        ("contextTokens", 10**9),
+        ("debounceMs", -1),
+        ("timeBudgetMs", None),
+        ("enabled", "yes"),
+        ("drafter", "fast"),
+        ("device", "tpu"),
+        ("dtype", "int4"),
+        ("model", ""),
+        ("model", 3),
+        ("draftModel", 5),
+        ("multiline", 1),
+        ("kvCacheMb", -1),
+        ("typeAhead", "on"),
+        ("prefetch", None),
+        ("decoder", "llama.cpp"),
+        ("multiline", "sometimes"),
+        ("maxLines", 0),
+        ("fimTemplate", "gpt"),
+        ("neighborSnippets", 11),
+        ("tokenHealing", "on"),
+    ],
+)
 def test_a_bad_value_keeps_the_current_one_and_says_why(key, value):
     current = config.Settings(max_new_tokens=33, enabled=False)
     result = config.layer(current, config.Settings(), {key: value})
@@ -81,11 +102,33 @@ def test_the_model_drafter_needs_a_draft_model():
 
 def test_to_lsp_uses_the_documented_names():
     assert set(config.Settings().to_lsp()) == {
-        "model", "draftModel", "drafter", "device", "dtype", "quantization", "maxNewTokens", "contextTokens",
+        "model",
+        "draftModel",
+        "drafter",
+        "device",
+        "dtype",
+        "quantization",
+        "maxNewTokens",
+        "contextTokens",
         "debounceMs",
-        "timeBudgetMs", "enabled", "multiline", "kvCacheMb", "typeAhead", "prefetch", "decoder", "maxLines",
-        "fimTemplate", "neighborSnippets", "tokenHealing", "endpoint", "endpointApi", "endpointModel",
-        "apiKeyEnv", "caBundle", "allowInsecureEndpoint"}
+        "timeBudgetMs",
+        "enabled",
+        "multiline",
+        "kvCacheMb",
+        "typeAhead",
+        "prefetch",
+        "decoder",
+        "maxLines",
+        "fimTemplate",
+        "neighborSnippets",
+        "tokenHealing",
+        "endpoint",
+        "endpointApi",
+        "endpointModel",
+        "apiKeyEnv",
+        "caBundle",
+        "allowInsecureEndpoint",
+    }
 
 
 def test_multiline_takes_a_mode_or_the_old_booleans_and_fim_a_style_or_a_template():
@@ -183,9 +226,16 @@ def test_percentiles_and_generation_totals():
     from decoding.engine import DrafterStats, GenerationResult, GenerationStats
 
     stats = ServerStats()
-    generation = GenerationStats(produced_tokens=12, target_passes=4, known_tokens=5, prefill_ms=30.0,
-                                 decode_ms=100.0, draft_ms=10.0, verify_ms=80.0,
-                                 drafters={"ngram": DrafterStats(drafts=2, proposed=8, accepted=6)})
+    generation = GenerationStats(
+        produced_tokens=12,
+        target_passes=4,
+        known_tokens=5,
+        prefill_ms=30.0,
+        decode_ms=100.0,
+        draft_ms=10.0,
+        verify_ms=80.0,
+        drafters={"ngram": DrafterStats(drafts=2, proposed=8, accepted=6)},
+    )
     stats.record_generation(GenerationResult("x", [1], "stop", generation))
     stats.record_phases(queue_ms=1.0, prompt_ms=2.0, stats=generation, post_ms=0.5)
     stats.answer(10.0, empty=False)
@@ -195,5 +245,12 @@ def test_percentiles_and_generation_totals():
     assert snap["drafters"] == {"ngram": {"proposed": 8, "accepted": 6, "acceptance": 0.75}}
     assert snap["latency_ms"] == {"p50": 10.0, "p95": 10.0} and snap["answered"] == 1
     phases = {name: value["p50"] for name, value in snap["phases_ms"].items()}
-    assert phases == {"queue": 1.0, "prompt": 2.0, "prefill": 30.0, "draft": 10.0, "verify": 80.0,
-                      "decode_other": 10.0, "postprocess": 0.5}
+    assert phases == {
+        "queue": 1.0,
+        "prompt": 2.0,
+        "prefill": 30.0,
+        "draft": 10.0,
+        "verify": 80.0,
+        "decode_other": 10.0,
+        "postprocess": 0.5,
+    }

@@ -24,8 +24,10 @@ def test_generate_gives_the_engines_tokens_text_and_stops(engine, drafter_name):
     for seed in range(6):
         rng = random.Random(seed)
         prompt = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(3, 12))] * 2
-        for config in (GenerationConfig(max_new_tokens=12),
-                       GenerationConfig(max_new_tokens=30, stop_at_newline=True)):
+        for config in (
+            GenerationConfig(max_new_tokens=12),
+            GenerationConfig(max_new_tokens=30, stop_at_newline=True),
+        ):
             want = engine.generate(prompt, config)
             got = peer.generate(prompt, config, drafter_name)
             assert (got.token_ids, got.text, got.stop_reason) == (want.token_ids, want.text, want.stop_reason)

@@ -43,8 +43,9 @@ def _first_token_counts(p: torch.Tensor, q: torch.Tensor | None, draft_token_fn,
     counts = torch.zeros(p.shape[-1])
     for _ in range(n):
         token = draft_token_fn(generator)
-        verdict = speculative_accept([token], None if q is None else q.unsqueeze(0),
-                                     torch.stack([p, p]), generator)
+        verdict = speculative_accept(
+            [token], None if q is None else q.unsqueeze(0), torch.stack([p, p]), generator
+        )
         counts[verdict.tokens[0]] += 1
     return counts
 

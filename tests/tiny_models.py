@@ -16,19 +16,37 @@ from decoding.models import LoadedModel
 TINY_VOCAB = 64
 
 
-def tiny_config(vocab_size: int = TINY_VOCAB, layers: int = 2, hidden: int = 32,
-                max_positions: int = 256, eos_token_id: int | None = None) -> LlamaConfig:
+def tiny_config(
+    vocab_size: int = TINY_VOCAB,
+    layers: int = 2,
+    hidden: int = 32,
+    max_positions: int = 256,
+    eos_token_id: int | None = None,
+) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, eos_token_id=eos_token_id, bos_token_id=None,
-        pad_token_id=None, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
     )
 
 
-def tiny_model(seed: int, layers: int = 2, vocab_size: int = TINY_VOCAB, hidden: int = 32,
-               max_positions: int = 256, eos_token_id: int | None = None,
-               logit_scale: float = 1.0) -> LlamaForCausalLM:
+def tiny_model(
+    seed: int,
+    layers: int = 2,
+    vocab_size: int = TINY_VOCAB,
+    hidden: int = 32,
+    max_positions: int = 256,
+    eos_token_id: int | None = None,
+    logit_scale: float = 1.0,
+) -> LlamaForCausalLM:
     """A random model; ``logit_scale`` > 1 sharpens its distributions (repetitive greedy output)."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(tiny_config(vocab_size, layers, hidden, max_positions, eos_token_id))
@@ -60,8 +78,13 @@ class TinyTokenizer:
 
 
 def loaded(model: LlamaForCausalLM, tokenizer=None) -> LoadedModel:
-    return LoadedModel(model=model, tokenizer=tokenizer or TinyTokenizer(model.config.vocab_size),
-                       device=torch.device("cpu"), dtype=torch.float32, source="tiny")
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer or TinyTokenizer(model.config.vocab_size),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source="tiny",
+    )
 
 
 def save_tiny_model(folder: Path, tokenizer_source: Path, seed: int = 0, layers: int = 2) -> Path:
@@ -69,8 +92,13 @@ def save_tiny_model(folder: Path, tokenizer_source: Path, seed: int = 0, layers:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
-    model = tiny_model(seed, layers=layers, vocab_size=len(tokenizer), max_positions=2048,
-                       eos_token_id=tokenizer.eos_token_id)
+    model = tiny_model(
+        seed,
+        layers=layers,
+        vocab_size=len(tokenizer),
+        max_positions=2048,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -12,8 +12,14 @@ from decoding.models import LoadedModel
 DRAFTER_NAMES = ("none", "ngram", "model", "auto")
 
 
-def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: CostModel | None = None,
-                 max_draft: int = 16, session_cache_bytes: int = 0) -> Drafter | None:
+def make_drafter(
+    name: str,
+    *,
+    draft_model: LoadedModel | None = None,
+    cost: CostModel | None = None,
+    max_draft: int = 16,
+    session_cache_bytes: int = 0,
+) -> Drafter | None:
     """``none`` gives None (plain decoding); ``model`` needs ``draft_model``.
 
     ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only)."""
@@ -24,16 +30,26 @@ def make_drafter(name: str, *, draft_model: LoadedModel | None = None, cost: Cos
     if name == "model":
         if draft_model is None:
             raise ValueError("the 'model' drafter needs a draft model (--draft-model)")
-        return ModelDrafter(draft_model, max_draft=max_draft, cost=cost,
-                            session_cache_bytes=session_cache_bytes)
+        return ModelDrafter(
+            draft_model, max_draft=max_draft, cost=cost, session_cache_bytes=session_cache_bytes
+        )
     if name == "auto":
         model = None
         if draft_model is not None:
-            model = ModelDrafter(draft_model, max_draft=max_draft, cost=cost,
-                                 session_cache_bytes=session_cache_bytes)
+            model = ModelDrafter(
+                draft_model, max_draft=max_draft, cost=cost, session_cache_bytes=session_cache_bytes
+            )
         return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
 
 
-__all__ = ["DRAFTER_NAMES", "AutoDrafter", "CostModel", "Draft", "Drafter", "ModelDrafter",
-           "NgramDrafter", "make_drafter"]
+__all__ = [
+    "DRAFTER_NAMES",
+    "AutoDrafter",
+    "CostModel",
+    "Draft",
+    "Drafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "make_drafter",
+]

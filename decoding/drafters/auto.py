@@ -25,8 +25,9 @@ class AutoDrafter:
     MIN_GAIN = 1.05  # demand a margin: the estimate is noisy and a wasted pass is not free
     PROBE_EVERY = 32  # skipped opportunities between exploratory drafts of a gated-off source
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None = None,
-                 cost: CostModel | None = None) -> None:
+    def __init__(
+        self, ngram: NgramDrafter, model: ModelDrafter | None = None, cost: CostModel | None = None
+    ) -> None:
         self.cost = cost or ngram.cost
         self.ngram, self.model = ngram, model
         self.ngram.cost = self.cost
@@ -34,8 +35,13 @@ class AutoDrafter:
             model.cost = self.cost
         self._skipped: dict[str, int] = {}
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None, session: str | None = None) -> None:
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
         self.ngram.begin(prompt, sampling, generator, session)
         if self.model is not None:
             self.model.begin(prompt, sampling, generator, session)
@@ -66,10 +72,15 @@ class AutoDrafter:
             # catch-up is rarely repaid within one line, so it counts against the draft model.
             behind = self.model.tokens_behind(tokens)
             catch_up = self.model.relative_cost * self.cost.relative(behind) if behind > 1 else 0.0
-            k, gain = best_draft_length(self.model.stats.alpha(), min(max_len, self.model.max_draft),
-                                        self.cost, draft_cost=self.model.relative_cost)
+            k, gain = best_draft_length(
+                self.model.stats.alpha(),
+                min(max_len, self.model.max_draft),
+                self.cost,
+                draft_cost=self.model.relative_cost,
+            )
             gain *= (self.cost.verify(k) + k * self.model.relative_cost) / (
-                self.cost.verify(k) + k * self.model.relative_cost + catch_up)
+                self.cost.verify(k) + k * self.model.relative_cost + catch_up
+            )
             if gain >= self.MIN_GAIN or (behind <= self.model.max_draft and self._probe("model")):
                 candidates.append((gain, "model", k))
         if not candidates:

@@ -34,8 +34,13 @@ class Draft:
 class Drafter(Protocol):
     name: str
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None, session: str | None = None) -> None:
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
         """A new generation starts from ``prompt``; sampled drafters must draw with ``sampling``.
 
         ``session`` names the token stream (the server passes the document), so a drafter with

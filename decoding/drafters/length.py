@@ -18,8 +18,24 @@ from dataclasses import dataclass, field
 # CPU with the small-batch layers of ``cpu_matmul.py`` (the passes of 64 tokens and more, timed
 # with one logits row, price the drafts that ride on a prefill); replaced by live measurements as
 # passes are timed.
-CPU_PRIOR = {1: 1.0, 2: 1.05, 3: 1.25, 4: 1.1, 5: 1.3, 6: 1.5, 8: 1.57, 9: 1.8, 10: 2.15,
-             16: 2.25, 24: 2.45, 32: 2.8, 64: 3.8, 128: 5.6, 256: 9.1, 512: 18.6}
+CPU_PRIOR = {
+    1: 1.0,
+    2: 1.05,
+    3: 1.25,
+    4: 1.1,
+    5: 1.3,
+    6: 1.5,
+    8: 1.57,
+    9: 1.8,
+    10: 2.15,
+    16: 2.25,
+    24: 2.45,
+    32: 2.8,
+    64: 3.8,
+    128: 5.6,
+    256: 9.1,
+    512: 18.6,
+}
 ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
 # A draft riding on a prefill pass of at least this many tokens is priced by the rows it adds.
 RIDING_MIN_TOKENS = 16
@@ -102,8 +118,9 @@ class AcceptanceStats:
     """
 
     # Keyed by the lower bound of each bucket: a match of 5 tokens falls in bucket 4, of 40 in 32.
-    priors: dict[int, float] = field(default_factory=lambda: {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6,
-                                                             8: 0.7, 16: 0.8, 32: 0.9})
+    priors: dict[int, float] = field(
+        default_factory=lambda: {1: 0.15, 2: 0.3, 3: 0.45, 4: 0.6, 8: 0.7, 16: 0.8, 32: 0.9}
+    )
     prior_weight: float = 4.0
     decay: float = 0.97
     accepted: dict[int, float] = field(default_factory=dict)
@@ -134,12 +151,12 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def best_draft_length(alpha: float, max_len: int, cost: CostModel,
-                      draft_cost: float = 0.0) -> tuple[int, float]:
+def best_draft_length(
+    alpha: float, max_len: int, cost: CostModel, draft_cost: float = 0.0
+) -> tuple[int, float]:
     """The draft length in 1..max_len with the best speed-up over plain decoding, and that speed-up."""
     if max_len <= 0:
         return 0, 1.0
-    gains = {k: expected_tokens(alpha, k) / (cost.verify(k) + k * draft_cost)
-             for k in range(1, max_len + 1)}
+    gains = {k: expected_tokens(alpha, k) / (cost.verify(k) + k * draft_cost) for k in range(1, max_len + 1)}
     best = max(gains, key=lambda k: (gains[k], -k))
     return best, gains[best]

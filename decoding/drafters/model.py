@@ -24,8 +24,13 @@ from decoding.verify import SamplingParams, sample, sampling_probs
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, draft: LoadedModel, max_draft: int = 8, cost: CostModel | None = None,
-                 session_cache_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        draft: LoadedModel,
+        max_draft: int = 8,
+        cost: CostModel | None = None,
+        session_cache_bytes: int = 0,
+    ) -> None:
         self.draft = draft
         self.max_draft = max_draft
         self.cost = cost or CostModel.for_device(draft.device.type)
@@ -39,8 +44,13 @@ class ModelDrafter:
         self._ticket: int | None = None  # the live session's loan from ``sessions``
         self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
 
-    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None, session: str | None = None) -> None:
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
         self._sampling, self._generator = sampling, generator
         if session is None or session == self._session:
             return
@@ -48,7 +58,7 @@ class ModelDrafter:
             self.sessions.put(self._session, self._cached, self._cache, ticket=self._ticket)
         self._session = session
         borrowed = self.sessions.take(session, prompt)
-        self._cache, self._cached = borrowed.cache, list(prompt[:borrowed.reused])
+        self._cache, self._cached = borrowed.cache, list(prompt[: borrowed.reused])
         self._ticket = borrowed.ticket
 
     def forget(self, session: str) -> None:
@@ -83,7 +93,7 @@ class ModelDrafter:
         elif keep < len(self._cached):
             self._cache.crop(keep - len(self._cached))
             del self._cached[keep:]
-        return self._forward(tokens[len(self._cached):])
+        return self._forward(tokens[len(self._cached) :])
 
     @torch.inference_mode()
     def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:
@@ -112,8 +122,9 @@ class ModelDrafter:
         return Draft(tokens=drafted, probs=probs, source=self.name)
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
-        k, _ = best_draft_length(self.stats.alpha(), min(max_len, self.max_draft), self.cost,
-                                 draft_cost=self.relative_cost)
+        k, _ = best_draft_length(
+            self.stats.alpha(), min(max_len, self.max_draft), self.cost, draft_cost=self.relative_cost
+        )
         return self.propose_exactly(tokens, k)
 
     def observe(self, draft: Draft, accepted: int) -> None:

@@ -47,12 +47,12 @@ class TokenIndex:
         toks = self.tokens
         for end in range(max(start + 1, self.min_n), len(toks) + 1):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._positions.setdefault(tuple(toks[end - n:end]), []).append(end)
+                self._positions.setdefault(tuple(toks[end - n : end]), []).append(end)
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the index cover exactly ``tokens``: extend when it only grew, rebuild otherwise."""
         if len(tokens) >= len(self.tokens) and common_prefix_length(self.tokens, tokens) == len(self.tokens):
-            self.extend(tokens[len(self.tokens):])
+            self.extend(tokens[len(self.tokens) :])
         else:
             self.tokens, self._positions = [], {}
             self.extend(tokens)
@@ -68,7 +68,7 @@ class TokenIndex:
     def continuation(self, key: tuple[int, ...], max_len: int, before: int | None = None) -> list[int]:
         """What followed the most recent occurrence of ``key`` that ends before ``before``."""
         end = next(self.ends(key, before), None)
-        return [] if end is None else self.tokens[end:end + max_len]
+        return [] if end is None else self.tokens[end : end + max_len]
 
     def agreement(self, start: int, tokens: Sequence[int], at: int, limit: int, resyncs: int = 2) -> int:
         """How many tokens before ``start`` in this stream equal those before ``at`` in ``tokens``
@@ -83,9 +83,21 @@ class TokenIndex:
             if own[i - 1] == tokens[j - 1]:
                 n, i, j = n + 1, i - 1, j - 1
                 continue
-            skip = next(((di, dj) for di, dj in RESYNC_SKIPS
-                         if i - di >= 2 and j - dj >= 2 and own[i - di - 1] == tokens[j - dj - 1]
-                         and own[i - di - 2] == tokens[j - dj - 2]), None) if resyncs else None
+            skip = (
+                next(
+                    (
+                        (di, dj)
+                        for di, dj in RESYNC_SKIPS
+                        if i - di >= 2
+                        and j - dj >= 2
+                        and own[i - di - 1] == tokens[j - dj - 1]
+                        and own[i - di - 2] == tokens[j - dj - 2]
+                    ),
+                    None,
+                )
+                if resyncs
+                else None
+            )
             if skip is None:
                 break
             resyncs, i, j = resyncs - 1, i - skip[0], j - skip[1]
@@ -119,8 +131,9 @@ class NgramDrafter:
     SHORT_MATCH = 4  # an exact match shorter than this gives way to a long one skipping the last tokens
     SKIP_MATCH = 12  # how long a match skipping the last tokens must be to be trusted at all
 
-    def __init__(self, min_n: int = 1, max_n: int = 6, max_draft: int = 16,
-                 cost: CostModel | None = None) -> None:
+    def __init__(
+        self, min_n: int = 1, max_n: int = 6, max_draft: int = 16, cost: CostModel | None = None
+    ) -> None:
         self.min_n, self.max_n, self.max_draft = min_n, max_n, max_draft
         self.cost = cost or CostModel()
         self.stats = AcceptanceStats()
@@ -143,13 +156,18 @@ class NgramDrafter:
     def add_accepted(self, tokens: Sequence[int]) -> None:
         """Remember a completion the user accepted: it is likely to be typed again."""
         if len(self._history) + len(tokens) > self.HISTORY_LIMIT:
-            keep = self._history.tokens[-(self.HISTORY_LIMIT // 2):]
+            keep = self._history.tokens[-(self.HISTORY_LIMIT // 2) :]
             self._history = TokenIndex(keep, self.min_n, self.max_n)
         self._history.extend(tokens)
 
     # -- Drafter ---------------------------------------------------------------------------------
-    def begin(self, prompt: Sequence[int], sampling: SamplingParams,
-              generator: torch.Generator | None, session: str | None = None) -> None:
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
         self._live.sync(prompt)
 
     def forget(self, session: str) -> None:
@@ -179,7 +197,7 @@ class NgramDrafter:
         """The longest match of the ``n`` tokens before ``size``, continuing ``skipped`` tokens on."""
         ordered = [("live", self._live), ("history", self._history)]
         ordered += [(f"doc:{name}", index) for name, index in self._sources.items()]
-        key = tuple(tokens[size - n:size])
+        key = tuple(tokens[size - n : size])
         best: tuple[tuple[int, int, int], str, TokenIndex, int] | None = None
         for source, index in ordered:
             # In the live stream the suffix itself is indexed; only earlier ends have a continuation.
@@ -198,7 +216,9 @@ class NgramDrafter:
         if best is None:
             return None
         (_, _, length), source, index, end = best
-        return Match(tokens=index.tokens[end + skipped:end + skipped + max_len], length=length, source=source)
+        return Match(
+            tokens=index.tokens[end + skipped : end + skipped + max_len], length=length, source=source
+        )
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         match = self.lookup(tokens, min(max_len, self.max_draft))
@@ -206,7 +226,7 @@ class NgramDrafter:
             return Draft(source=self.name)
         alpha = self.stats.alpha(match.length)
         k, _ = best_draft_length(alpha, len(match.tokens), self.cost, draft_cost=0.0)
-        return Draft(tokens=match.tokens[:max(k, 1)], source=self.name, match_length=match.length)
+        return Draft(tokens=match.tokens[: max(k, 1)], source=self.name, match_length=match.length)
 
     def observe(self, draft: Draft, accepted: int) -> None:
         self.stats.update(draft.match_length, accepted, len(draft))

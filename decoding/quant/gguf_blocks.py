@@ -89,8 +89,10 @@ def _q8_0(blocks: np.ndarray) -> list[Int4Term]:
     d = _fp16(blocks[:, 0:2])
     q = np.ascontiguousarray(blocks[:, 2:34]).view(np.int8).astype(np.int16)
     hi, lo = q >> 4, q & 0x0F  # q = 16 * hi + lo, hi in -8..7, lo in 0..15
-    return [Int4Term((hi + 8).astype(np.uint8), 16 * d, np.zeros_like(d)),
-            Int4Term(lo.astype(np.uint8), d, 8 * d)]
+    return [
+        Int4Term((hi + 8).astype(np.uint8), 16 * d, np.zeros_like(d)),
+        Int4Term(lo.astype(np.uint8), d, 8 * d),
+    ]
 
 
 def _q4_k(blocks: np.ndarray) -> list[Int4Term]:
@@ -130,9 +132,13 @@ def decode_tensor(raw: np.ndarray, kind: QType, shape: tuple[int, int]) -> Quant
     terms = []
     for term in decoder(blocks):
         groups = in_features // GROUP
-        terms.append(Int4Term(term.q.reshape(out_features, in_features),
-                              term.scale.reshape(out_features, groups),
-                              term.zero.reshape(out_features, groups)))
+        terms.append(
+            Int4Term(
+                term.q.reshape(out_features, in_features),
+                term.scale.reshape(out_features, groups),
+                term.zero.reshape(out_features, groups),
+            )
+        )
     return QuantTensor(shape, kind.name, terms=terms)
 
 

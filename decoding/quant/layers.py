@@ -133,9 +133,13 @@ def concat_rows(tensors: list[QuantTensor]) -> QuantTensor:
     kinds = {t.kind for t in tensors}
     shape = (sum(t.shape[0] for t in tensors), tensors[0].shape[1])
     if all(t.terms is not None for t in tensors) and len(kinds) == 1:
-        terms = [Int4Term(np.concatenate([t.terms[i].q for t in tensors]),
-                          np.concatenate([t.terms[i].scale for t in tensors]),
-                          np.concatenate([t.terms[i].zero for t in tensors]))
-                 for i in range(len(tensors[0].terms))]
+        terms = [
+            Int4Term(
+                np.concatenate([t.terms[i].q for t in tensors]),
+                np.concatenate([t.terms[i].scale for t in tensors]),
+                np.concatenate([t.terms[i].zero for t in tensors]),
+            )
+            for i in range(len(tensors[0].terms))
+        ]
         return QuantTensor(shape, kinds.pop(), terms=terms)
     return QuantTensor(shape, "+".join(sorted(kinds)), values=np.concatenate([t.dense() for t in tensors]))

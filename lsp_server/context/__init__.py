@@ -20,5 +20,17 @@ from lsp_server.context.languages import LanguageSpec, detect, uri_path
 from lsp_server.context.snippets import OpenDocument
 from lsp_server.context.tokens import Tokens
 
-__all__ = ["FIM_SETTINGS", "ContextBuilder", "ContextRequest", "LanguageSpec", "OpenDocument", "Prompt",
-           "Tokens", "detect", "fit_tokens", "is_fim_setting", "plain_window", "uri_path"]
+__all__ = [
+    "FIM_SETTINGS",
+    "ContextBuilder",
+    "ContextRequest",
+    "LanguageSpec",
+    "OpenDocument",
+    "Prompt",
+    "Tokens",
+    "detect",
+    "fit_tokens",
+    "is_fim_setting",
+    "plain_window",
+    "uri_path",
+]

@@ -26,12 +26,19 @@ IMPORT_SHARE = 0.3
 MAX_SKIPS = 48  # units tried and found too big before giving up (bounds the tokenizer calls)
 MIN_LEFT = 4  # tokens: below this nothing useful fits any more
 
+
 def rows_text(rows: Sequence[int] | set[int], lines: Sequence[str]) -> str:
     return "".join(lines[r] for r in sorted(rows))
 
 
-def _add_imports(outline: Outline, lines: Sequence[str], count: Callable[[str], int], budget: int,
-                 rows: set[int], left: int) -> int:
+def _add_imports(
+    outline: Outline,
+    lines: Sequence[str],
+    count: Callable[[str], int],
+    budget: int,
+    rows: set[int],
+    left: int,
+) -> int:
     """Add whole import statements to ``rows``, within ``IMPORT_SHARE`` of the budget; the tokens
     left."""
     imports_left = int(budget * IMPORT_SHARE)
@@ -121,8 +128,9 @@ def _unit_rows(unit: Unit, lines: Sequence[str]) -> set[int]:
     return {r for r in range(unit.first, unit.last + 1) if lines[r].strip()}
 
 
-def nearest_rows(candidates: Sequence[int], lines: Sequence[str], count: Callable[[str], int],
-                 budget: int) -> set[int]:
+def nearest_rows(
+    candidates: Sequence[int], lines: Sequence[str], count: Callable[[str], int], budget: int
+) -> set[int]:
     """The last resort: the rows nearest the cursor (the end of ``candidates``) that fit."""
     rows: set[int] = set()
     for r in reversed(candidates):

@@ -83,6 +83,7 @@ class Prompt:
 
 # -- the plain window: the fallback and the benchmark's naive baseline ------------------------------
 
+
 def plain_window(request: ContextRequest) -> Prompt:
     """The text before the cursor, at most ``MAX_CHARS_PER_TOKEN * budget`` characters, starting
     at a line start when it had to be cut. No tokenizer needed (``fit_tokens`` finishes it)."""
@@ -94,7 +95,7 @@ def plain_window(request: ContextRequest) -> Prompt:
         newline = window.find("\n")
         if 0 <= newline < len(window) - 1:
             start += newline + 1
-            window = window[newline + 1:]
+            window = window[newline + 1 :]
     return Prompt(text=clean(window), start=start)
 
 
@@ -112,10 +113,10 @@ def fit_tokens(text: str, encode: Callable[[str], Sequence[int]], budget: int) -
         if len(ids) <= budget:
             return ids
         keep = int(len(text) * budget / len(ids) * 0.9)
-        text = text[len(text) - keep:] if keep > 0 else ""
+        text = text[len(text) - keep :] if keep > 0 else ""
         newline = text.find("\n")
         if 0 <= newline < len(text) - 1:
-            text = text[newline + 1:]
+            text = text[newline + 1 :]
         ids = list(encode(text))
     return ids[-budget:] if budget > 0 else []
 
@@ -138,16 +139,17 @@ def fit_exact(text: str, tokens: Tokens, budget: int) -> tuple[str, list[int]]:
     ids = tokens.encode(text)
     while len(ids) > budget and text:
         keep = max(int(len(text) * budget / len(ids) * 0.95), 0)
-        cut = text[len(text) - keep:] if keep else ""
+        cut = text[len(text) - keep :] if keep else ""
         newline = cut.find("\n")
         if 0 <= newline < len(cut) - 1 and newline < len(cut) // 2:
-            cut = cut[newline + 1:]
+            cut = cut[newline + 1 :]
         text = cut if len(cut) < len(text) else text[1:]
         ids = tokens.encode(text)
     return text, ids
 
 
 # -- the syntax-aware builder ---------------------------------------------------------------------
+
 
 class ContextBuilder:
     """Builds prompts; keeps the parse trees and snippet windows between requests (one thread)."""
@@ -199,20 +201,29 @@ class ContextBuilder:
 
             cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
             if cut.removed and len(cut.removed) < len(prefix):
-                ids, healed, prefix = cut.ids, cut.removed, prefix[:-len(cut.removed)]
+                ids, healed, prefix = cut.ids, cut.removed, prefix[: -len(cut.removed)]
 
         stops: tuple[str, ...] = ()
         if template is not None:
             ids = fim.assemble(template, ids, suffix_ids, tokens)
             stops = template.stops
         start = window.start + sum(len(line) for line in lines[:first_row])
-        return Prompt(text=prefix, healed=healed, start=start, ids=tuple(ids), suffix=suffix,
-                      fim=template.name if template else None, stop_strings=stops, language=spec.name,
-                      snippets=tuple(chosen))
+        return Prompt(
+            text=prefix,
+            healed=healed,
+            start=start,
+            ids=tuple(ids),
+            suffix=suffix,
+            fim=template.name if template else None,
+            stop_strings=stops,
+            language=spec.name,
+            snippets=tuple(chosen),
+        )
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _outline(self, uri: str, text: str, offset: int, spec: LanguageSpec,
-                 budget: int) -> tuple[Window, Outline, list[str], int, str]:
+    def _outline(
+        self, uri: str, text: str, offset: int, spec: LanguageSpec, budget: int
+    ) -> tuple[Window, Outline, list[str], int, str]:
         """The window around the cursor, its rows, the cursor's row and the text before the cursor
         on it, and the outline of the rows above (from the syntax tree when there is one).
 
@@ -231,7 +242,7 @@ class ContextBuilder:
             window = Window(start, offset, text.count("\n", 0, start))
         else:
             window = Window(0, len(text), 0)
-        local = clean(text[window.start:window.end])  # same length: a lone surrogate becomes "?"
+        local = clean(text[window.start : window.end])  # same length: a lone surrogate becomes "?"
         cursor = offset - window.start
         lines = split_rows(local)
         row = local.count("\n", 0, cursor)
@@ -243,8 +254,9 @@ class ContextBuilder:
         line_end = len(local) if line_end < 0 else line_end
         indent = cursor_text[: len(cursor_text) - len(cursor_text.lstrip(" \t"))]
         placeholder = indent + ("pass" if spec.name == "python" else "")
-        parsed = self.parses.parse(uri or "untitled:", local[:line_start] + placeholder + local[line_end:],
-                                   window, spec.name)
+        parsed = self.parses.parse(
+            uri or "untitled:", local[:line_start] + placeholder + local[line_end:], window, spec.name
+        )
         if parsed is None:
             return window, text_outline(lines, row), lines, row, cursor_text
         col = len(to_bytes(indent))
@@ -261,16 +273,23 @@ class ContextBuilder:
         ids = tokens.encode(suffix)
         while len(ids) > budget and suffix:
             cut = suffix.rstrip("\n").rfind("\n")
-            suffix = suffix[:cut + 1] if cut >= 0 else ""
+            suffix = suffix[: cut + 1] if cut >= 0 else ""
             ids = tokens.encode(suffix)
         return suffix, ids
 
-    def _snippets(self, request: ContextRequest, lines: list[str], row: int, spec: LanguageSpec,
-                  tokens: Tokens, budget: int) -> tuple[list[Snippet], str]:
+    def _snippets(
+        self,
+        request: ContextRequest,
+        lines: list[str],
+        row: int,
+        spec: LanguageSpec,
+        tokens: Tokens,
+        budget: int,
+    ) -> tuple[list[Snippet], str]:
         if request.neighbor_snippets <= 0 or not request.others:
             return [], ""
-        query = "".join(lines[max(0, row - QUERY_LINES):row])
-        nearby = "".join(lines[max(0, row - 200):row])
+        query = "".join(lines[max(0, row - QUERY_LINES) : row])
+        nearby = "".join(lines[max(0, row - 200) : row])
         found = self.snippets.choose(query, request.others, request.neighbor_snippets, exclude=nearby)
         kept, parts, left = [], [], int(budget * SNIPPET_SHARE)
         for snippet in found:
@@ -286,5 +305,12 @@ class ContextBuilder:
         return kept, "".join(parts)
 
 
-__all__ = ["ContextBuilder", "ContextRequest", "OpenDocument", "Prompt", "build_prompt", "fit_tokens",
-           "plain_window"]
+__all__ = [
+    "ContextBuilder",
+    "ContextRequest",
+    "OpenDocument",
+    "Prompt",
+    "build_prompt",
+    "fit_tokens",
+    "plain_window",
+]

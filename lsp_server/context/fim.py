@@ -25,16 +25,27 @@ class FimTemplate:
     stops: tuple[str, ...] = ()  # decoded texts that end the middle (besides the model's EOS)
 
 
-STYLES: dict[str, FimTemplate] = {t.name: t for t in [
-    FimTemplate("starcoder", "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
-                ("<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>")),
-    FimTemplate("qwen", "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
-                ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|fim_prefix|>", "<|im_end|>",
-                 "<|repo_name|>")),
-    FimTemplate("deepseek", "<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
-                ("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>")),
-    FimTemplate("codellama", "<PRE> {prefix} <SUF>{suffix} <MID>", ("<EOT>", "</s>")),
-]}
+STYLES: dict[str, FimTemplate] = {
+    t.name: t
+    for t in [
+        FimTemplate(
+            "starcoder",
+            "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
+            ("<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>"),
+        ),
+        FimTemplate(
+            "qwen",
+            "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+            ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|fim_prefix|>", "<|im_end|>", "<|repo_name|>"),
+        ),
+        FimTemplate(
+            "deepseek",
+            "<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
+            ("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>"),
+        ),
+        FimTemplate("codellama", "<PRE> {prefix} <SUF>{suffix} <MID>", ("<EOT>", "</s>")),
+    ]
+}
 SETTING_NAMES = ("auto", "none", *STYLES)
 
 
@@ -63,8 +74,9 @@ def is_valid_setting(value: str) -> bool:
     return value in SETTING_NAMES or ("{prefix}" in value and "{suffix}" in value)
 
 
-def assemble(template: FimTemplate, prefix_ids: list[int], suffix_ids: list[int],
-             tokens: Tokens) -> list[int]:
+def assemble(
+    template: FimTemplate, prefix_ids: list[int], suffix_ids: list[int], tokens: Tokens
+) -> list[int]:
     """The prompt's ids: markers as single tokens, literal text encoded, slots filled."""
     out: list[int] = []
     for piece in re.split(r"(\{prefix\}|\{suffix\})", template.template):
@@ -90,7 +102,7 @@ def _literal_ids(text: str, tokens: Tokens) -> list[int]:
         if special is None:
             continue
         if match.start() > pos:
-            out.extend(tokens.encode(text[pos:match.start()]))
+            out.extend(tokens.encode(text[pos : match.start()]))
         out.append(special)
         pos = match.end()
     if pos < len(text):

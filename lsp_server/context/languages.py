@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 BlockStyle = Literal["indent", "braces"]
 
-_REQUIRE = ('(lexical_declaration (variable_declarator value: (call_expression function: (identifier) @_f'
-            ' (#eq? @_f "require")))) @import '
-            '(variable_declaration (variable_declarator value: (call_expression function: (identifier) @_g'
-            ' (#eq? @_g "require")))) @import')
+_REQUIRE = (
+    "(lexical_declaration (variable_declarator value: (call_expression function: (identifier) @_f"
+    ' (#eq? @_f "require")))) @import '
+    "(variable_declaration (variable_declarator value: (call_expression function: (identifier) @_g"
+    ' (#eq? @_g "require")))) @import'
+)
 
 
 @dataclass(frozen=True)
@@ -42,48 +44,118 @@ class LanguageSpec:
     imports: str = ""  # a tree-sitter query; every @import capture is an import unit
 
 
-SPECS: dict[str, LanguageSpec] = {spec.name: spec for spec in [
-    LanguageSpec("python", "tree_sitter_python", comment="#", blocks="indent",
-                 imports="(import_statement) @import (import_from_statement) @import "
-                         "(future_import_statement) @import"),
-    LanguageSpec("javascript", "tree_sitter_javascript", comment="//",
-                 imports="(import_statement) @import " + _REQUIRE),
-    LanguageSpec("typescript", "tree_sitter_typescript", "language_typescript", comment="//",
-                 imports="(import_statement) @import " + _REQUIRE),
-    LanguageSpec("tsx", "tree_sitter_typescript", "language_tsx", comment="//",
-                 imports="(import_statement) @import " + _REQUIRE),
-    LanguageSpec("go", "tree_sitter_go", comment="//",
-                 imports="(package_clause) @import (import_declaration) @import"),
-    LanguageSpec("rust", "tree_sitter_rust", comment="//",
-                 imports="(use_declaration) @import (extern_crate_declaration) @import"),
-    LanguageSpec("java", "tree_sitter_java", comment="//",
-                 imports="(package_declaration) @import (import_declaration) @import"),
-    LanguageSpec("c", "tree_sitter_c", comment="//", imports="(preproc_include) @import"),
-    LanguageSpec("cpp", "tree_sitter_cpp", comment="//",
-                 imports="(preproc_include) @import (using_declaration) @import"),
-    LanguageSpec("text", None, comment="#", blocks="indent"),
-]}
+SPECS: dict[str, LanguageSpec] = {
+    spec.name: spec
+    for spec in [
+        LanguageSpec(
+            "python",
+            "tree_sitter_python",
+            comment="#",
+            blocks="indent",
+            imports="(import_statement) @import (import_from_statement) @import "
+            "(future_import_statement) @import",
+        ),
+        LanguageSpec(
+            "javascript",
+            "tree_sitter_javascript",
+            comment="//",
+            imports="(import_statement) @import " + _REQUIRE,
+        ),
+        LanguageSpec(
+            "typescript",
+            "tree_sitter_typescript",
+            "language_typescript",
+            comment="//",
+            imports="(import_statement) @import " + _REQUIRE,
+        ),
+        LanguageSpec(
+            "tsx",
+            "tree_sitter_typescript",
+            "language_tsx",
+            comment="//",
+            imports="(import_statement) @import " + _REQUIRE,
+        ),
+        LanguageSpec(
+            "go",
+            "tree_sitter_go",
+            comment="//",
+            imports="(package_clause) @import (import_declaration) @import",
+        ),
+        LanguageSpec(
+            "rust",
+            "tree_sitter_rust",
+            comment="//",
+            imports="(use_declaration) @import (extern_crate_declaration) @import",
+        ),
+        LanguageSpec(
+            "java",
+            "tree_sitter_java",
+            comment="//",
+            imports="(package_declaration) @import (import_declaration) @import",
+        ),
+        LanguageSpec("c", "tree_sitter_c", comment="//", imports="(preproc_include) @import"),
+        LanguageSpec(
+            "cpp",
+            "tree_sitter_cpp",
+            comment="//",
+            imports="(preproc_include) @import (using_declaration) @import",
+        ),
+        LanguageSpec("text", None, comment="#", blocks="indent"),
+    ]
+}
 PLAIN = SPECS["text"]
 
 # LSP language identifiers (the spec's list, plus common editor aliases) -> our names.
 LANGUAGE_IDS: dict[str, str] = {
-    "python": "python", "py": "python",
-    "javascript": "javascript", "javascriptreact": "javascript", "js": "javascript", "jsx": "javascript",
-    "typescript": "typescript", "ts": "typescript", "typescriptreact": "tsx", "tsx": "tsx",
-    "go": "go", "golang": "go",
-    "rust": "rust", "rs": "rust",
+    "python": "python",
+    "py": "python",
+    "javascript": "javascript",
+    "javascriptreact": "javascript",
+    "js": "javascript",
+    "jsx": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+    "typescriptreact": "tsx",
+    "tsx": "tsx",
+    "go": "go",
+    "golang": "go",
+    "rust": "rust",
+    "rs": "rust",
     "java": "java",
     "c": "c",
-    "cpp": "cpp", "c++": "cpp", "cuda-cpp": "cpp", "cuda": "cpp",
+    "cpp": "cpp",
+    "c++": "cpp",
+    "cuda-cpp": "cpp",
+    "cuda": "cpp",
 }
 EXTENSIONS: dict[str, str] = {
-    ".py": "python", ".pyi": "python", ".pyw": "python",
-    ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript", ".jsx": "javascript",
-    ".ts": "typescript", ".mts": "typescript", ".cts": "typescript", ".tsx": "tsx",
-    ".go": "go", ".rs": "rust", ".java": "java",
-    ".c": "c", ".h": "c",
-    ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".c++": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
-    ".cu": "cpp", ".cuh": "cpp", ".ipp": "cpp", ".inl": "cpp",
+    ".py": "python",
+    ".pyi": "python",
+    ".pyw": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".c++": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
+    ".hxx": "cpp",
+    ".cu": "cpp",
+    ".cuh": "cpp",
+    ".ipp": "cpp",
+    ".inl": "cpp",
 }
 
 
@@ -117,8 +189,9 @@ def grammar(name: str) -> Any | None:
         module = importlib.import_module(spec.module)
         return tree_sitter.Language(getattr(module, spec.entry)())
     except Exception as exc:  # a missing wheel or an incompatible ABI: plain text, said once
-        log.warning("no tree-sitter grammar for %s (%s: %s); treating it as plain text",
-                    name, type(exc).__name__, exc)
+        log.warning(
+            "no tree-sitter grammar for %s (%s: %s); treating it as plain text", name, type(exc).__name__, exc
+        )
         return None
 
 
@@ -139,11 +212,30 @@ def import_query(name: str) -> Any | None:
 
 # Nodes whose named children are statements or members: the units the prompt may drop whole.
 # Type names are each grammar's own; the same name means the same thing across these grammars.
-BLOCK_TYPES = frozenset({
-    "module", "block", "program", "source_file", "translation_unit",  # files and plain blocks
-    "statement_block", "class_body", "interface_body", "enum_body", "object_type",  # JS / TS / Java
-    "constructor_body", "switch_body", "annotation_type_body", "record_body",
-    "statement_list", "field_declaration_list", "declaration_list",  # Go, Rust, C, C++
-    "compound_statement", "enumerator_list",
-    "preproc_ifdef", "preproc_if", "preproc_else", "preproc_elif",  # C headers wrap everything in these
-})
+BLOCK_TYPES = frozenset(
+    {
+        "module",
+        "block",
+        "program",
+        "source_file",
+        "translation_unit",  # files and plain blocks
+        "statement_block",
+        "class_body",
+        "interface_body",
+        "enum_body",
+        "object_type",  # JS / TS / Java
+        "constructor_body",
+        "switch_body",
+        "annotation_type_body",
+        "record_body",
+        "statement_list",
+        "field_declaration_list",
+        "declaration_list",  # Go, Rust, C, C++
+        "compound_statement",
+        "enumerator_list",
+        "preproc_ifdef",
+        "preproc_if",
+        "preproc_else",
+        "preproc_elif",  # C headers wrap everything in these
+    }
+)

@@ -119,8 +119,9 @@ class SyntaxOutline:
                     visit(child)  # the same text, or Go's block > statement_list: look through
                 elif self._starts_line(child) and (as_block or c_first > first):
                     # (a child on a header's first row is part of the header: ``static`` in C)
-                    units.append(Unit(c_first, c_last, child, self._holds_import(child, c_last - c_first),
-                                      node.id))
+                    units.append(
+                        Unit(c_first, c_last, child, self._holds_import(child, c_last - c_first), node.id)
+                    )
                 elif is_block:
                     visit(child)  # a body opened on its header's line (``{``): look inside
 
@@ -159,8 +160,9 @@ def merge_units(units: list[Unit], lines: Sequence[str]) -> list[Unit]:
     for unit in units:
         if out and unit.first <= out[-1].last:
             prev = out[-1]
-            out[-1] = Unit(prev.first, max(prev.last, unit.last), None, prev.is_import and unit.is_import,
-                           prev.parent)
+            out[-1] = Unit(
+                prev.first, max(prev.last, unit.last), None, prev.is_import and unit.is_import, prev.parent
+            )
             continue
         prev_is_comment = out and out[-1].node is not None and "comment" in out[-1].node.type
         if prev_is_comment and out[-1].last + 1 == unit.first:
@@ -170,9 +172,24 @@ def merge_units(units: list[Unit], lines: Sequence[str]) -> list[Unit]:
     return out
 
 
-_DEFINITION_WORDS = ("function", "method", "class", "impl", "interface", "struct", "enum", "trait",
-                     "mod_item", "namespace", "decorated_definition", "type_declaration", "constructor",
-                     "module", "union", "template_declaration")
+_DEFINITION_WORDS = (
+    "function",
+    "method",
+    "class",
+    "impl",
+    "interface",
+    "struct",
+    "enum",
+    "trait",
+    "mod_item",
+    "namespace",
+    "decorated_definition",
+    "type_declaration",
+    "constructor",
+    "module",
+    "union",
+    "template_declaration",
+)
 
 
 def is_definition(unit: Unit) -> bool:

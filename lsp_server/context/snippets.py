@@ -30,16 +30,95 @@ MAX_DOCUMENT_CHARS = 300_000  # larger documents: only their first part is searc
 MAX_DOCUMENTS = 20
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 # Words every program has; they say nothing about which code is related.
-_COMMON = frozenset({
-    "and", "args", "bool", "break", "case", "catch", "char", "class", "const", "continue", "def",
-    "default", "del", "elif", "else", "enum", "except", "export", "extends", "false", "final", "finally",
-    "float", "for", "from", "func", "function", "global", "if", "impl", "import", "in", "int", "interface",
-    "is", "lambda", "let", "long", "match", "mod", "new", "none", "not", "null", "nil", "or", "package",
-    "pass", "private", "protected", "pub", "public", "raise", "return", "self", "static", "str", "string",
-    "struct", "super", "switch", "this", "throw", "throws", "true", "try", "type", "typeof", "use", "var",
-    "void", "while", "with", "yield", "async", "await", "auto", "unsigned", "signed", "sizeof", "include",
-    "define", "ifdef", "ifndef", "endif",
-})
+_COMMON = frozenset(
+    {
+        "and",
+        "args",
+        "bool",
+        "break",
+        "case",
+        "catch",
+        "char",
+        "class",
+        "const",
+        "continue",
+        "def",
+        "default",
+        "del",
+        "elif",
+        "else",
+        "enum",
+        "except",
+        "export",
+        "extends",
+        "false",
+        "final",
+        "finally",
+        "float",
+        "for",
+        "from",
+        "func",
+        "function",
+        "global",
+        "if",
+        "impl",
+        "import",
+        "in",
+        "int",
+        "interface",
+        "is",
+        "lambda",
+        "let",
+        "long",
+        "match",
+        "mod",
+        "new",
+        "none",
+        "not",
+        "null",
+        "nil",
+        "or",
+        "package",
+        "pass",
+        "private",
+        "protected",
+        "pub",
+        "public",
+        "raise",
+        "return",
+        "self",
+        "static",
+        "str",
+        "string",
+        "struct",
+        "super",
+        "switch",
+        "this",
+        "throw",
+        "throws",
+        "true",
+        "try",
+        "type",
+        "typeof",
+        "use",
+        "var",
+        "void",
+        "while",
+        "with",
+        "yield",
+        "async",
+        "await",
+        "auto",
+        "unsigned",
+        "signed",
+        "sizeof",
+        "include",
+        "define",
+        "ifdef",
+        "ifndef",
+        "endif",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +145,8 @@ class SnippetIndex:
 
     def __init__(self, max_cached: int = 32) -> None:
         self._cache: OrderedDict[tuple[str, int, int], tuple[list[str], list[tuple[int, frozenset[str]]]]] = (
-            OrderedDict())
+            OrderedDict()
+        )
         self.max_cached = max_cached
 
     def _windows(self, doc: OpenDocument) -> tuple[list[str], list[tuple[int, frozenset[str]]]]:
@@ -77,7 +157,7 @@ class SnippetIndex:
             lines = doc.text[:MAX_DOCUMENT_CHARS].split("\n")
             windows = []
             for start in range(0, max(len(lines) - WINDOW_LINES, 0) + 1, WINDOW_STEP):
-                chunk = lines[start:start + WINDOW_LINES]
+                chunk = lines[start : start + WINDOW_LINES]
                 if sum(1 for line in chunk if line.strip()) >= 3:
                     windows.append((start, identifiers("\n".join(chunk))))
             cached = self._cache[key] = (lines, windows)
@@ -92,8 +172,9 @@ class SnippetIndex:
         for key in [key for key in self._cache if key[0] == uri]:
             del self._cache[key]
 
-    def choose(self, query: str, documents: Sequence[OpenDocument], count: int,
-               exclude: str = "") -> list[Snippet]:
+    def choose(
+        self, query: str, documents: Sequence[OpenDocument], count: int, exclude: str = ""
+    ) -> list[Snippet]:
         """Up to ``count`` snippets most similar to ``query``, best first; none whose text is in
         ``exclude`` (the prompt already shows it) or repeats an earlier pick."""
         wanted = identifiers(query)
@@ -116,7 +197,7 @@ class SnippetIndex:
                 break
             if any(c.uri == uri and abs(c.first_line - start) < WINDOW_LINES for c in chosen):
                 continue
-            text = "\n".join(lines[start:start + WINDOW_LINES]).strip("\n")
+            text = "\n".join(lines[start : start + WINDOW_LINES]).strip("\n")
             key = "\n".join(line.strip() for line in text.splitlines() if line.strip())
             if key in seen or (exclude and _contained(text, exclude)):
                 continue
@@ -129,7 +210,8 @@ def _contained(text: str, haystack: str) -> bool:
     """Whether the snippet's lines already appear, in order, in the prompt (whitespace aside)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return bool(lines) and "\n".join(lines) in "\n".join(
-        line.strip() for line in haystack.splitlines() if line.strip())
+        line.strip() for line in haystack.splitlines() if line.strip()
+    )
 
 
 def display_path(uri: str) -> str:

@@ -44,7 +44,7 @@ def common_prefix(a: bytes, b: bytes) -> int:
     chunk that differs (slice comparisons run at memcmp speed; a byte loop would not)."""
     n = min(len(a), len(b))
     start = 0
-    while start < n and a[start:start + _CHUNK] == b[start:start + _CHUNK]:
+    while start < n and a[start : start + _CHUNK] == b[start : start + _CHUNK]:
         start += _CHUNK
     if start >= n:
         return n
@@ -64,13 +64,13 @@ def common_suffix(a: bytes, b: bytes, limit: int) -> int:
     done = 0
     while done < n:
         step = min(_CHUNK, n - done)
-        if a[len(a) - done - step:len(a) - done] != b[len(b) - done - step:len(b) - done]:
+        if a[len(a) - done - step : len(a) - done] != b[len(b) - done - step : len(b) - done]:
             break
         done += step
     lo, hi = done, min(done + _CHUNK, n)  # the last lo bytes agree; they differ within hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:len(a) - lo] == b[len(b) - mid:len(b) - lo]:
+        if a[len(a) - mid : len(a) - lo] == b[len(b) - mid : len(b) - lo]:
             lo = mid
         else:
             hi = mid - 1
@@ -180,7 +180,12 @@ class ParseCache:
         start = common_prefix(before, after)
         tail = common_suffix(before, after, min(len(before), len(after)) - start)
         old_end, new_end = len(before) - tail, len(after) - tail
-        old.tree.edit(start_byte=start, old_end_byte=old_end, new_end_byte=new_end,
-                      start_point=point(before, start), old_end_point=point(before, old_end),
-                      new_end_point=point(after, new_end))
+        old.tree.edit(
+            start_byte=start,
+            old_end_byte=old_end,
+            new_end_byte=new_end,
+            start_point=point(before, start),
+            old_end_point=point(before, old_end),
+            new_end_point=point(after, new_end),
+        )
         return parser.parse(after, old.tree)

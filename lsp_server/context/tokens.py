@@ -41,14 +41,18 @@ class Tokens:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, healing_index: Any = None) -> Tokens:
         vocab = functools.cache(lambda: dict(tokenizer.get_vocab()))
-        return cls(encode=lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]),
-                   decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
-                   vocab=vocab, healing_index=healing_index)
+        return cls(
+            encode=lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]),
+            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+            vocab=vocab,
+            healing_index=healing_index,
+        )
 
     @classmethod
     def for_engine(cls, engine: Any) -> Tokens:
         """The engine's own encode/decode (the ids it is fed must be the ones counted here)."""
         tokenizer = engine.target.tokenizer
         vocab = functools.cache(lambda: dict(tokenizer.get_vocab()))
-        return cls(encode=engine.encode, decode=engine.decode, vocab=vocab,
-                   healing_index=engine.healing_index)
+        return cls(
+            encode=engine.encode, decode=engine.decode, vocab=vocab, healing_index=engine.healing_index
+        )
