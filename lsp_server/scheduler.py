@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 StopCheck = Callable[[], bool]
 Job = Callable[[StopCheck], T]
-Status = Literal["done", "superseded", "cancelled", "failed"]
+# "expired": the time budget ran out while the job still waited for the worker; it never runs.
+Status = Literal["done", "superseded", "cancelled", "failed", "expired"]
 
 
 FAULTS_ENV = "LSP_SERVER_TEST_FAULTS"
@@ -100,6 +101,22 @@ class Ticket:
     superseded: bool = False
     enqueued_at: float = 0.0
     background: bool = False
+    # Whether the worker took the job or the waiter gave up on it: decided once, under ``claim``.
+    started: bool = False
+    expired: bool = False
+    claim: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> bool:
+        """The worker takes the job: False when its waiter already gave up on it (worker thread)."""
+        with self.claim:
+            self.started = not self.expired
+            return self.started
+
+    def expire(self) -> bool:
+        """The waiter gives up on a job the worker has not taken: True when it was still queued."""
+        with self.claim:
+            self.expired = not self.started
+            return self.expired
 
     def budget_exhausted(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -172,12 +189,23 @@ class Scheduler:
             self._background.discard(ticket)
 
     async def _submit(self, ticket: Ticket, job: Job[T]) -> Outcome[T]:
-        """Hand ``job`` to the worker and wait for its outcome; a cancelled waiter stops the job."""
+        """Hand ``job`` to the worker and wait for its outcome; a cancelled waiter stops the job.
+
+        A job still queued when its time budget runs out (the worker is busy with another
+        document's decode) is answered then, as expired, and never runs: the budget is the
+        latency the user was promised, wherever the time went.
+        """
         self._start_worker()
         ticket.enqueued_at = time.monotonic()
         self._queue.put((ticket, job))
         try:
-            return await ticket.future
+            if ticket.deadline is not None:
+                remaining = ticket.deadline - time.monotonic()
+                await asyncio.wait([ticket.future], timeout=max(remaining, 0.0))
+                if not ticket.future.done() and ticket.expire():
+                    queued_ms = (time.monotonic() - ticket.enqueued_at) * 1000
+                    return Outcome("expired", budget_exhausted=True, queued_ms=queued_ms)
+            return await ticket.future  # a running job stops at its next step
         except asyncio.CancelledError:
             ticket.cancel.set()
             raise
@@ -232,6 +260,8 @@ class Scheduler:
             ticket, job = item
             picked = time.monotonic()
             queued_ms = (picked - ticket.enqueued_at) * 1000
+            if not ticket.start():  # its waiter answered it at the deadline
+                continue
             if ticket.cancel.is_set():  # superseded or cancelled while queued: don't start it
                 status = "superseded" if ticket.superseded else "cancelled"
                 ticket.resolve(Outcome(status, queued_ms=queued_ms))

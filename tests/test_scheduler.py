@@ -133,6 +133,26 @@ async def test_the_time_budget_stops_the_job_and_keeps_its_partial_value(schedul
     assert job.stopped_early.is_set() and outcome.value == job.done_steps > 0
 
 
+async def test_a_job_still_queued_at_its_deadline_is_answered_then_and_never_runs(scheduler):
+    blocker = SpinJob()  # another document's decode, with no budget of its own
+    running = asyncio.ensure_future(scheduler.run("a", blocker))
+    await wait_started(blocker)
+    queued = SpinJob(steps=1)
+    outcome = await asyncio.wait_for(scheduler.run("b", queued, budget_s=0.1), GUARD_S)
+    assert outcome.status == "expired" and outcome.budget_exhausted and outcome.value is None
+    assert outcome.queued_ms >= 100 and not running.done()  # answered while the worker was busy
+    scheduler.supersede("a")
+    await asyncio.wait_for(running, GUARD_S)
+    await asyncio.wait_for(scheduler.run("c", SpinJob(steps=1)), GUARD_S)  # the worker got past it
+    assert queued.calls == 0
+
+
+async def test_a_job_that_started_before_its_deadline_is_stopped_by_it_not_dropped(scheduler):
+    job = SpinJob(step_s=0.002)
+    outcome = await asyncio.wait_for(scheduler.run("doc", job, budget_s=0.05), GUARD_S)
+    assert outcome.status == "done" and outcome.budget_exhausted and job.calls == 1
+
+
 async def test_a_failing_job_is_reported_and_the_worker_survives(scheduler):
     def broken(should_stop):
         raise RuntimeError("boom")

@@ -68,7 +68,7 @@ async def test_cancel_request_stops_the_decode_mid_way_and_is_answered(client):
 
 
 async def test_fifty_rapid_requests_with_edits_are_all_answered_and_only_the_newest_decodes(client):
-    await h.configure(client, {"maxNewTokens": 16, "debounceMs": 1000})
+    await h.configure(client, {"maxNewTokens": 16, "debounceMs": 1000, "timeBudgetMs": 60000})
     uri = "file:///work/typing.py"
     line = "result = compute"
     h.open_document(client, line, uri=uri)
