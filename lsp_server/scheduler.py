@@ -101,22 +101,31 @@ class Ticket:
     superseded: bool = False
     enqueued_at: float = 0.0
     background: bool = False
-    # Whether the worker took the job or the waiter gave up on it: decided once, under ``claim``.
+    # The job until the worker takes it, or until it is given up on while queued (superseded,
+    # cancelled, out of budget): then dropped at once, with the document text it holds, rather
+    # than when the worker reaches it in the queue. Decided once, under ``claim``.
+    job: Job | None = None
     started: bool = False
-    expired: bool = False
     claim: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> bool:
-        """The worker takes the job: False when its waiter already gave up on it (worker thread)."""
+    def take(self) -> Job | None:
+        """The worker takes the job: None when it was given up on while queued (worker thread)."""
         with self.claim:
-            self.started = not self.expired
-            return self.started
+            job, self.job = self.job, None
+            self.started = job is not None
+            return job
 
-    def expire(self) -> bool:
-        """The waiter gives up on a job the worker has not taken: True when it was still queued."""
+    def drop(self) -> bool:
+        """Give up on the job unless the worker has taken it: True when it was still queued."""
         with self.claim:
-            self.expired = not self.started
-            return self.expired
+            self.job = None
+            return not self.started
+
+    def stop(self, superseded: bool = False) -> None:
+        """Tell a running job to stop at its next step; a queued one never starts."""
+        self.superseded = self.superseded or superseded
+        self.cancel.set()
+        self.drop()
 
     def budget_exhausted(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -140,7 +149,7 @@ class Scheduler:
 
     def __init__(self, name: str = "decode-worker") -> None:
         self.name = name
-        self._queue: queue.SimpleQueue[tuple[Ticket, Job] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._active: dict[str, Ticket] = {}  # key -> newest ticket; touched on the loop thread only
         self._background: set[Ticket] = set()  # background tickets not finished yet; loop thread only
         self._thread: threading.Thread | None = None
@@ -197,17 +206,18 @@ class Scheduler:
         """
         self._start_worker()
         ticket.enqueued_at = time.monotonic()
-        self._queue.put((ticket, job))
+        ticket.job = job
+        self._queue.put(ticket)
         try:
             if ticket.deadline is not None:
                 remaining = ticket.deadline - time.monotonic()
                 await asyncio.wait([ticket.future], timeout=max(remaining, 0.0))
-                if not ticket.future.done() and ticket.expire():
+                if not ticket.future.done() and ticket.drop():
                     queued_ms = (time.monotonic() - ticket.enqueued_at) * 1000
                     return Outcome("expired", budget_exhausted=True, queued_ms=queued_ms)
             return await ticket.future  # a running job stops at its next step
         except asyncio.CancelledError:
-            ticket.cancel.set()
+            ticket.stop()
             raise
 
     def preempt_background(self) -> int:
@@ -215,8 +225,7 @@ class Scheduler:
         stopped = 0
         for ticket in list(self._background):
             if not ticket.cancel.is_set():
-                ticket.superseded = True
-                ticket.cancel.set()
+                ticket.stop(superseded=True)
                 stopped += 1
         return stopped
 
@@ -225,8 +234,7 @@ class Scheduler:
         previous = self._active.pop(key, None)
         if previous is None:
             return False
-        previous.superseded = True
-        previous.cancel.set()
+        previous.stop(superseded=True)
         if not previous.future.done():
             previous.future.set_result(Outcome("superseded"))
         return True
@@ -235,7 +243,7 @@ class Scheduler:
         """Stop every job and the worker; safe to call twice and from a non-loop thread."""
         self._closed = True
         for ticket in [*self._active.values(), *self._background]:
-            ticket.cancel.set()
+            ticket.stop()
         self._queue.put(None)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -254,15 +262,13 @@ class Scheduler:
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            ticket = self._queue.get()
+            if ticket is None:
                 return
-            ticket, job = item
+            job = ticket.take()
             picked = time.monotonic()
             queued_ms = (picked - ticket.enqueued_at) * 1000
-            if not ticket.start():  # its waiter answered it at the deadline
-                continue
-            if ticket.cancel.is_set():  # superseded or cancelled while queued: don't start it
+            if job is None or ticket.cancel.is_set():  # given up on while queued: don't start it
                 status = "superseded" if ticket.superseded else "cancelled"
                 ticket.resolve(Outcome(status, queued_ms=queued_ms))
                 continue

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -124,6 +126,31 @@ async def test_a_queued_job_that_was_superseded_is_skipped_by_the_worker(schedul
     assert (await asyncio.wait_for(running, GUARD_S)).status == "superseded"
     assert (await asyncio.wait_for(newest, GUARD_S)).status == "done"
     assert queued.calls == 0
+
+
+async def test_a_job_given_up_on_while_queued_is_released_at_once_not_when_the_worker_reaches_it(
+    scheduler,
+):
+    """A queued decode holds its document's text (6 MB in the soak): typing on while the worker is
+    busy must not pile those up in the queue until the worker gets to them."""
+    blocker = SpinJob()
+    running = asyncio.ensure_future(scheduler.run("a", blocker))
+    await wait_started(blocker)
+    superseded, cancelled = SpinJob(steps=1), SpinJob(steps=1)
+    refs = [weakref.ref(superseded), weakref.ref(cancelled)]
+    first = asyncio.ensure_future(scheduler.run("b", superseded))
+    second = asyncio.ensure_future(scheduler.run("c", cancelled))
+    await asyncio.sleep(0.05)  # both queued behind the blocker
+    newest = asyncio.ensure_future(scheduler.run("b", SpinJob(steps=1)))
+    assert (await asyncio.wait_for(first, GUARD_S)).status == "superseded"
+    second.cancel()
+    await asyncio.wait([second])
+    assert second.cancelled()
+    del superseded, cancelled, second  # the task's traceback holds its frames (and so the job)
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None] and not running.done()
+    scheduler.supersede("a")
+    assert (await asyncio.wait_for(newest, GUARD_S)).status == "done"
 
 
 async def test_the_time_budget_stops_the_job_and_keeps_its_partial_value(scheduler):
