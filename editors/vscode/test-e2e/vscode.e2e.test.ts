@@ -137,10 +137,17 @@ describe('the extension in VS Code (code-server + Chromium), on the real lsp_ser
     }
   });
 
+  let typedWhileLoading = false;
+
   it(
     'the status bar shows loading model, then ready; one `lsp_server --stdio` runs',
-    { timeout: MODEL_READY_MS + 10_000 },
+    { timeout: MODEL_READY_MS + 60_000 },
     async () => {
+      // A user opens a file and types while the model loads (the key's suggestion: next check).
+      await window.waitForStatus(/^Speculative: (starting|loading model)$/, 60_000);
+      await window.openFile('point.py');
+      await window.type('y');
+      typedWhileLoading = !READY.test(await window.status()); // starting or loading model
       await window.waitForStatus(READY, MODEL_READY_MS);
       const shown = (await window.recorded()).statuses.map((s) => s.text);
       const loading = shown.indexOf('Speculative: loading model');
@@ -159,11 +166,18 @@ describe('the extension in VS Code (code-server + Chromium), on the real lsp_ser
   );
 
   it(
-    'typed text gets ghost text from the server; Tab inserts it into the file',
+    'a key typed while the model loads gets ghost text when it is ready; Tab inserts it into the file',
     { timeout: ANSWER_MS * 2 },
     async () => {
-      await window.openFile('point.py');
-      await window.type('y');
+      if (!typedWhileLoading) {
+        // The model was ready before the key: nothing to ask again at the load's end, so type
+        // the key again. (The first key in a new window's first editor can also go unseen by
+        // VS Code's inline completions, whose part of the editor starts when the window idles.)
+        log('the model was ready before the first key: the load-end re-ask is not checked');
+        await window.press('Backspace');
+        await window.type('y');
+      }
+      // No further key: the extension asks again when the load ends (isLoadEnd, reask).
       const shown = await waitFor(
         'the ghost text after `self.y`',
         () => window.ghost(),
