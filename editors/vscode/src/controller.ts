@@ -4,6 +4,8 @@
  * in the status bar. The decisions are in settings.ts and status.ts; this file wires them to VS Code.
  */
 import { performance } from 'node:perf_hooks';
+import { createInterface } from 'node:readline';
+import type { Readable } from 'node:stream';
 import * as vscode from 'vscode';
 import {
   DidChangeConfigurationNotification,
@@ -11,8 +13,8 @@ import {
   type LanguageClientOptions,
   type ServerOptions,
   State,
-  TransportKind,
 } from 'vscode-languageclient/node';
+import { serverLogWriter } from './serverLog';
 import {
   explicitValue,
   launchSettings,
@@ -53,6 +55,10 @@ function readSnapshot(): Snapshot {
   return { launch, explicit };
 }
 
+function pipeLines(input: Readable, write: (line: string) => void): void {
+  createInterface({ input, crlfDelay: Infinity, terminal: false }).on('line', write);
+}
+
 export class Controller implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private started: Snapshot | undefined;
@@ -75,12 +81,23 @@ export class Controller implements vscode.Disposable {
   async start(): Promise<void> {
     const snapshot = readSnapshot();
     const { command, args } = serverCommand(snapshot.launch);
-    const serverOptions: ServerOptions = { command, args, transport: TransportKind.stdio };
+    // No `transport`: the client would append a second `--stdio` to arguments that already have
+    // one (serverCommand). Without it the client still talks over stdin/stdout.
+    const serverOptions: ServerOptions = { command, args };
     const clientOptions: LanguageClientOptions = {
       documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
       initializationOptions: serverPayload(snapshot.explicit),
       outputChannel: this.output,
+      stdioOptions: {
+        // stdout is the LSP channel under stdio; the client calls this for other transports only.
+        stdout: (input) => pipeLines(input, (line) => this.output.info(line)),
+        stderr: (input) => pipeLines(input, serverLogWriter(this.output)),
+      },
       middleware: {
+        // Ghost text only. The server also offers a completion list (for editors without inline
+        // completion): VS Code asked for it at every key (quick suggestions), showed the answer
+        // in its suggest widget, and asked for no inline completion while that widget was open.
+        provideCompletionItem: () => undefined,
         provideInlineCompletionItems: async (document, position, context, token, next) => {
           if (!this.enabled()) {
             return null; // toggled off: not even a round trip
