@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx2 as httpx
 
 from lsp_server.remote import transport
-from lsp_server.remote.dialects import Chunk, dialect, parse_text, parse_tokens
+from lsp_server.remote.dialects import Chunk, dialect, parse_pieces, parse_text, parse_tokens
 from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.gate import Gate
 from lsp_server.remote.health import Health, Notice
@@ -228,6 +228,24 @@ class RemoteEngine:
         engine has no ``/tokenize`` (remembered: not asked again) or it failed."""
         url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
         return self._tokenizer_call(url, body, deadline, parse_tokens)
+
+    def tokenize_pieces(
+        self, text: str, deadline: float | None = None
+    ) -> tuple[list[int], dict[int, bytes]] | None:
+        """``tokenize``, plus each token's bytes where the engine sends them (llama.cpp's
+        ``with_pieces``; empty elsewhere)."""
+        url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
+
+        def parse(answer: Any) -> tuple[list[int], dict[int, bytes]] | None:
+            ids = parse_tokens(answer)
+            return None if ids is None else (ids, parse_pieces(answer))
+
+        return self._tokenizer_call(url, body, deadline, parse)
+
+    @property
+    def fim_available(self) -> bool:
+        """Whether a suffix is still sent (until the engine refuses one: no FIM in its model)."""
+        return self._use_suffix
 
     def detokenize(self, ids: Sequence[int], deadline: float | None = None) -> str | None:
         """The text of ``ids`` by the engine's ``/detokenize`` (llama.cpp, vLLM): what healing needs
