@@ -35,7 +35,9 @@ pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 
 ENGINES = ("local", "llama.cpp", "openai")
 POINT = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y"
-LONG = "numbers = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy: ~150 tokens on one line
+LONG = "numbers = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy: 149 tokens over many lines
+# Decoded to the end (no line or block end stops it): ~1.3 s on llama-server, one thread.
+UNTIL_EOS = {"maxNewTokens": 400, "multiline": "always", "maxLines": 1000}
 ROOMY = {"timeBudgetMs": 60000, "debounceMs": 0, "maxNewTokens": 24}  # content, not speed
 
 
@@ -117,13 +119,15 @@ async def test_healing_after_indentation_uses_the_engines_tokenizer(engine):
     name, client = engine
     uri = opened(client, POINT[: -len("self.y")], "indent")  # the cursor after 8 spaces
     before = await h.stats(client)
-    (item,) = (await h.inline(client, 3, 8, uri=uri)).items
+    items = (await h.inline(client, 3, 8, uri=uri)).items
     after = await h.stats(client)
-    if name == "openai":  # no way to constrain an OpenAI engine to the healed text: sent unhealed
-        assert after["endpoint"]["prompts"]["healing"] is False
-        assert after["endpoint"]["prompts"]["healed"] == 0 and item.insert_text.strip()
+    if name == "openai":  # no portable way to constrain an OpenAI engine to the healed text
+        prompts = after["endpoint"]["prompts"]
+        assert prompts["healing"] is False and prompts["healed"] == 0
+        assert not items  # unhealed, this model writes an empty line here: nothing to suggest
         return
-    assert item.insert_text == "self.y = y"  # healed: without it this model writes an empty line
+    (item,) = items
+    assert item.insert_text == "self.y = y"  # healed (by the local engine, or llama.cpp's grammar)
     if name == "llama.cpp":
         prompts, tokenize = after["endpoint"]["prompts"], after["endpoint"]["tokenize"]
         was = before["endpoint"]
@@ -137,7 +141,7 @@ async def test_typing_along_a_suggestion_is_answered_without_the_engine(engine, 
     (first,) = (await h.inline(client, 1, 10, uri=uri)).items
     text = first.insert_text
     assert len(text) >= 3, text
-    before, engine_before = await h.stats(client), metrics(llama)
+    before, engine_before = await h.stats(client), await engine_idle(llama)
     h.edit(client, uri, 2, (1, 10), (1, 10), text[0])
     (second,) = (await h.inline(client, 1, 11, uri=uri, invoked=False)).items
     assert second.insert_text == text[1:]
@@ -148,38 +152,40 @@ async def test_typing_along_a_suggestion_is_answered_without_the_engine(engine, 
         for key in ("requests",):
             assert after["endpoint"][key] == before["endpoint"][key]
         assert after["endpoint"]["tokenize"] == before["endpoint"]["tokenize"]
-        assert metrics(llama)["tokens_predicted_total"] == engine_before["tokens_predicted_total"]
+        assert await generated_since(llama, engine_before) == 0
 
 
 async def test_a_superseded_request_stops_the_engines_generation(engine, llama):
     name, client = engine
-    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), "maxNewTokens": 400})
+    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **UNTIL_EOS})
     uri = opened(client, LONG, "supersede")
     before, engine_before = await h.stats(client), await engine_idle(llama)
-    running = client.text_document_inline_completion_async(h.inline_params(0, len(LONG), uri))
-    await asyncio.sleep(0.8)  # generating by now
+    running = asyncio.ensure_future(
+        client.text_document_inline_completion_async(h.inline_params(0, len(LONG), uri))
+    )
+    await asyncio.sleep(0.3)  # generating by now
     # a newer request on the document (mid-word: answered at once) supersedes the running one
-    assert (await h.inline(client, 0, 0, uri=uri)).items == []
-    assert (await asyncio.wait_for(running, h.ANSWER_TIMEOUT_S)).items == []
+    assert not (await h.inline(client, 0, 0, uri=uri)).items
+    assert not (await asyncio.wait_for(running, h.ANSWER_TIMEOUT_S)).items
     after = await settled(client, before, decodes=1)
     assert after["superseded"] == before["superseded"] + 1
     assert after["stop_reasons"].get("cancelled", 0) == before["stop_reasons"].get("cancelled", 0) + 1
     if name != "local":
         generated = await generated_since(llama, engine_before)
-        assert 0 < generated < 100, f"{generated} tokens: uncancelled, this line runs ~150"
+        assert 0 < generated < 100, f"{generated} tokens: uncancelled, this runs 149"
         assert after["endpoint"]["cancelled"] == before["endpoint"]["cancelled"] + 1
 
 
 async def test_a_cancelled_request_stops_the_engines_generation(engine, llama):
     name, client = engine
-    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), "maxNewTokens": 400})
+    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **UNTIL_EOS})
     uri = opened(client, LONG, "cancel")
     before, engine_before = await h.stats(client), await engine_idle(llama)
     msg_id = f"cancel-{name}"
     future = client.protocol.send_request(
         types.TEXT_DOCUMENT_INLINE_COMPLETION, h.inline_params(0, len(LONG), uri), msg_id=msg_id
     )
-    await asyncio.sleep(0.8)
+    await asyncio.sleep(0.3)
     client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
     with pytest.raises(JsonRpcRequestCancelled):
         await asyncio.wait_for(asyncio.wrap_future(future), h.ANSWER_TIMEOUT_S)
@@ -187,12 +193,12 @@ async def test_a_cancelled_request_stops_the_engines_generation(engine, llama):
     assert after["cancelled"] == before["cancelled"] + 1
     if name != "local":
         generated = await generated_since(llama, engine_before)
-        assert 0 < generated < 100, f"{generated} tokens: uncancelled, this line runs ~150"
+        assert 0 < generated < 100, f"{generated} tokens: uncancelled, this runs 149"
 
 
 async def test_the_time_budget_answers_in_time_and_stops_the_engine(engine, llama):
     name, client = engine
-    short = {"maxNewTokens": 400, "timeBudgetMs": 400}
+    short = {**UNTIL_EOS, "timeBudgetMs": 400}
     await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **short})
     uri = opened(client, LONG, "budget")
     before, engine_before = await h.stats(client), await engine_idle(llama)
@@ -239,7 +245,7 @@ async def test_a_remote_server_never_imports_torch_and_an_endpoint_switch_takes_
 async def answered_empty_fast(client, uri: str, count: int) -> None:
     for _ in range(count):
         started = time.monotonic()
-        assert (await h.inline(client, 3, 14, uri=uri)).items == []
+        assert not (await h.inline(client, 3, 14, uri=uri)).items
         assert time.monotonic() - started < 3.0
 
 
@@ -247,7 +253,9 @@ async def test_an_outage_is_one_message_and_its_recovery_another():
     server = LlamaServer(gguf(), binary=llama_server_binary(), threads=THREADS, port=free_port()).start()
     client = None
     try:
-        client, _ = await h.start_initialized(model=h.DEFAULT, options=remote(server, "llama.cpp"))
+        # typeAhead off: no answer from memory, each request asks the engine
+        options = remote(server, "llama.cpp", typeAhead=False)
+        client, _ = await h.start_initialized(model=h.DEFAULT, options=options)
         uri = opened(client, POINT, "outage")
         assert (await h.inline(client, 3, 14, uri=uri)).items
         server.stop()
@@ -281,7 +289,7 @@ async def test_a_wrong_key_is_refused_once_and_never_shown(monkeypatch):
         try:
             uri = opened(client, POINT, "key")
             for _ in range(3):
-                assert (await h.inline(client, 3, 14, uri=uri)).items == []
+                assert not (await h.inline(client, 3, 14, uri=uri)).items
             stats = await h.stats(client)
             assert "401" in stats["endpoint"]["last_error"]
             shown = [m.message for m in client.messages]

@@ -266,6 +266,7 @@ class RemoteEngine:
             status, answer = future.result(timeout=remaining + 0.5)
         except TransportError as exc:
             status, answer = None, None
+            self.stats.record(last_error=str(exc))
             self.health.failure(str(exc), hard=exc.hard)
         except Exception as exc:  # a timeout of the future, or a bug: no answer, never an exception
             future.cancel()
@@ -275,7 +276,9 @@ class RemoteEngine:
         if status == 200 or status in UNSUPPORTED:
             self.health.success()  # it answered: a probe that got through ends an outage too
         elif status is not None:
-            self.health.failure(f"HTTP {status} from {url.rsplit('/', 1)[-1]}", hard=True)
+            error = f"{transport.status_text(status)} from /{url.rsplit('/', 1)[-1]}"
+            self.stats.record(last_error=error)
+            self.health.failure(error, hard=True)
         if status in UNSUPPORTED or (status == 200 and value is None):
             self.stats.record(tokenize_supported=False)
         elif value is not None:
