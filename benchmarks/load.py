@@ -6,8 +6,10 @@ script: a ``didChange`` and an automatic ``inlineCompletion`` per key, never can
 client, so the server's cancel-previous supersedes the stale ones). For N = 1, 2, 4, 8 editors
 typing at the same time:
 
-- ``remote``: every editor's server decodes on one ``llama-server`` with P parallel slots (``-np``)
-  on the embedded GGUF, loopback only;
+- ``remote``: every editor's server decodes on one ``llama-server`` with P parallel slots (``-np``,
+  by default one per editor: a cancelled request's slot stays busy until its prompt batch ends, so
+  with spare slots the next keystroke lands on a cold one and prefills from scratch) on the
+  embedded GGUF, loopback only, one thread (the machine's cores are shared);
 - ``local``: every editor's server decodes on its own local engine, on the same machine.
 
 Reported per run: p50/p95 time from keystroke to answer at typing pauses (the requests a user
@@ -16,15 +18,17 @@ tokens: generated but never received by any editor, i.e. after the stream was cl
 (the engine's ``/metrics`` minus the tokens the editors' servers counted). Bounded in count
 (``--lines`` per editor, ``--max-keys``) and in time (``--max-seconds`` per run).
 
-    python -m benchmarks.load                      # N = 1,2,4,8, both engines, -np 4
-    python -m benchmarks.load --editors 1,2 --engines remote --parallel 2
+    python -m benchmarks.load                      # N = 1,2,4,8, both engines, -np N
+    python -m benchmarks.load --editors 1,2 --engines remote --parallel 4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import platform
 import random
 import sys
@@ -97,6 +101,18 @@ async def engine_idle(url: str, timeout_s: float = 30.0) -> dict[str, float]:
     return m
 
 
+async def warm_up(editor: ReplayClient, segment: Segment, number: int) -> None:
+    """The user had the file open before typing: one answered request at the cursor, so that
+    both engines start from the document's prompt cache, as in an editing session (a cold
+    512-token prefill on this CPU takes seconds, and every keystroke of a cold start is stale)."""
+    uri = f"file:///replay/{number}/{Path(segment.file).name}"  # the uri replay_segment types into
+    line = segment.head.count("\n")
+    column = len(segment.head) - segment.head.rfind("\n") - 1
+    await editor.open(uri, segment.head + segment.tail, (line, column))
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(editor.request(uri, line, column), 30)
+
+
 async def run_editors(
     engine: str,
     count: int,
@@ -110,14 +126,16 @@ async def run_editors(
         options |= {"endpoint": url, "endpointApi": args.api}
     editors = [ReplayClient(f"{engine}-{count}-{i}", options, None) for i in range(count)]
     await asyncio.gather(*(e.start() for e in editors))
-    before = metrics(url) if url else {}
+    pairs = list(enumerate(zip(editors, work, strict=True)))
+    await asyncio.gather(*(warm_up(editor, segment, i) for i, (editor, (segment, _)) in pairs))
+    before = await engine_idle(url) if url else {}
     started = time.monotonic()
     try:
         batches = await asyncio.wait_for(
             asyncio.gather(
                 *(
                     replay_segment(editor, segment, keys, i, args.pause_ms)
-                    for i, (editor, (segment, keys)) in enumerate(zip(editors, work, strict=False))
+                    for i, (editor, (segment, keys)) in pairs
                 )
             ),
             args.max_seconds,
@@ -181,6 +199,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("engine", "engine"),
         ("N", "editors"),
+        ("P", "slots"),
         ("requests", "requests"),
         ("p50 pause ms", "p50_ms_at_pauses"),
         ("p95 pause ms", "p95_ms_at_pauses"),
@@ -239,8 +258,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--editors", default="1,2,4,8", help="numbers of editors typing at once")
     parser.add_argument("--engines", default=",".join(ENGINES), help="remote, local, or both")
     parser.add_argument("--api", default="llama.cpp", choices=("llama.cpp", "openai"))
-    parser.add_argument("--parallel", type=int, default=4, help="llama-server slots (-np)")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server threads")
+    parser.add_argument("--parallel", type=int, default=0, help="llama-server slots (-np); 0: one per editor")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server threads")
     parser.add_argument("--lines", type=int, default=2, help="lines each editor types")
     parser.add_argument("--max-keys", type=int, default=60, help="keystrokes per editor, at most")
     parser.add_argument("--cps", type=float, default=6.0, help="typing speed, characters per second")
@@ -256,28 +275,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     engines = [e for e in args.engines.split(",") if e]
     work = scripts(max(counts), args.lines, args.max_keys, args.cps, args.seed)
     rows, records = [], {}
-    server = None
-    if "remote" in engines:
-        server = llama_server.LlamaServer(
-            gguf(),
-            threads=args.threads,
-            parallel=args.parallel,
-            context=1024 * args.parallel,
-            extra_args=["--metrics"],
-        ).start()
-    try:
-        for engine in engines:
-            for count in counts:
-                log.warning("%s engine, %d editor(s) typing", engine, count)
+    for engine in engines:
+        for count in counts:
+            slots = args.parallel or count
+            log.warning(
+                "%s engine, %d editor(s) typing%s", engine, count, f", -np {slots}" * (engine == "remote")
+            )
+            server = None
+            if engine == "remote":  # a fresh engine per run: no run starts on another's prompt caches
+                server = llama_server.LlamaServer(
+                    gguf(),
+                    threads=args.threads,
+                    parallel=slots,
+                    context=1024 * slots,
+                    extra_args=["--metrics"],
+                ).start()
+            try:
                 result = await run_editors(engine, count, work[:count], server.url if server else None, args)
-                rows.append(result["summary"])
-                records[f"{engine}-{count}"] = result["records"]
-                log.warning("  %s", result["summary"])
-    finally:
-        if server is not None:
-            server.stop()
+            finally:
+                if server is not None:
+                    server.stop()
+            result["summary"]["slots"] = slots if engine == "remote" else None
+            rows.append(result["summary"])
+            records[f"{engine}-{count}"] = result["records"]
+            log.warning("  %s", result["summary"])
     return {
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+        },
         "settings": {**vars(args), "out": str(args.out), "options": OPTIONS},
         "rows": rows,
         "records": records,

@@ -20,6 +20,7 @@ from lsp_server.context import ContextBuilder, ContextRequest, Prompt
 from lsp_server.ending import Ending
 from lsp_server.remote.chains import Chain, Chains, typed_along
 from lsp_server.remote.runtime import RemoteRuntime
+from lsp_server.remote.tokenizer import CHARS_PER_TOKEN, Calibration
 from tests.test_remote_faults import Server, llama_events, sse
 
 SOURCE = "import os\n\n\ndef main(argv):\n    path = os.path.join(argv[0], 'x')\n    return pa"
@@ -165,3 +166,17 @@ def test_a_remote_runtime_and_its_prompts_never_import_torch(server):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_character_estimate_is_calibrated_once_then_fixed():
+    calibration = Calibration()
+    assert calibration.ratio == CHARS_PER_TOKEN
+    calibration.add("x" * 40, [1] * 40)  # too short to say anything
+    assert calibration.ratio == CHARS_PER_TOKEN
+    calibration.add("x" * 1000, [1] * 250)
+    assert calibration.ratio == CHARS_PER_TOKEN  # under 256 tokens seen: not yet
+    calibration.add("x" * 100, [1] * 10)
+    fixed = calibration.ratio
+    assert fixed == 1100 / 260
+    calibration.add("y" * 1000, [1] * 1000)  # a later text changes nothing: the prompt's start stays put
+    assert calibration.ratio == fixed

@@ -4,8 +4,8 @@ Token budgets and healing need the model's own tokenizer, and for a remote model
 the engine (``/tokenize``, ``/detokenize``). A round trip per count would be far too many (the
 prompt builder weighs every row), so the work is split:
 
-- ``count`` (which rows fit) is an estimate in characters per token, calibrated on the engine's
-  own answers for this session's text;
+- ``count`` (which rows fit) is an estimate in characters per token, calibrated once on the
+  engine's own answers for this session's text;
 - ``encode`` (the prompt's ids, checked against the budget) asks the engine, remembering recent
   answers (consecutive keystrokes re-encode the same text; a cursor that moves back, too);
 - ``decode`` (healing's backing up) joins the pieces llama.cpp sends with each ``/tokenize``, and
@@ -40,20 +40,26 @@ class TokenizerUnavailable(Exception):
 
 @dataclass
 class Calibration:
-    """Characters per token of the texts the engine encoded (a running ratio)."""
+    """Characters per token of the first texts the engine encoded, then fixed.
+
+    Fixed, because the estimate chooses the prompt's rows: a ratio that drifted from keystroke to
+    keystroke would move the prompt's start, and every prompt cache (the engine's too) needs a
+    stable start."""
 
     chars: int = 0
     tokens: int = 0
+    fixed: float | None = None
 
     def add(self, text: str, ids: Sequence[int]) -> None:
-        if len(text) >= 64 and ids:  # short pieces say little
-            self.chars, self.tokens = self.chars + len(text), self.tokens + len(ids)
+        if self.fixed is not None or len(text) < 64 or not ids:  # short pieces say little
+            return
+        self.chars, self.tokens = self.chars + len(text), self.tokens + len(ids)
+        if self.tokens >= 256:
+            self.fixed = max(1.0, self.chars / self.tokens)
 
     @property
     def ratio(self) -> float:
-        if self.tokens < 256:
-            return CHARS_PER_TOKEN
-        return max(1.0, self.chars / self.tokens)
+        return self.fixed if self.fixed is not None else CHARS_PER_TOKEN
 
 
 class RemoteTokenizer:
