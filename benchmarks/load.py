@@ -129,6 +129,7 @@ async def run_editors(
     pairs = list(enumerate(zip(editors, work, strict=True)))
     await asyncio.gather(*(warm_up(editor, segment, i) for i, (editor, (segment, _)) in pairs))
     before = await engine_idle(url) if url else {}
+    warmed = [await e.stats() for e in editors]  # the warm-up's counts are not the run's
     started = time.monotonic()
     try:
         batches = await asyncio.wait_for(
@@ -142,11 +143,20 @@ async def run_editors(
         )
         records = [r for batch in batches for r in batch]
         wall_s = time.monotonic() - started
-        stats = [await e.stats() for e in editors]
+        stats = [since(await e.stats(), w) for e, w in zip(editors, warmed, strict=True)]
     finally:
         await asyncio.gather(*(e.stop() for e in editors), return_exceptions=True)
     after = await engine_idle(url) if url else {}
     return summarize(engine, count, records, stats, before, after, wall_s)
+
+
+def since(now: Any, then: Any) -> Any:
+    """``now`` minus ``then`` for every count in a stats tree (latencies and text are kept)."""
+    if isinstance(now, dict):
+        return {k: since(v, then.get(k) if isinstance(then, dict) else None) for k, v in now.items()}
+    if isinstance(now, int) and not isinstance(now, bool) and isinstance(then, int):
+        return now - then
+    return now
 
 
 def summarize(
@@ -260,6 +270,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api", default="llama.cpp", choices=("llama.cpp", "openai"))
     parser.add_argument("--parallel", type=int, default=0, help="llama-server slots (-np); 0: one per editor")
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=128,
+        help="llama-server -b/-ub: a cancel takes effect between batches, so a smaller one stops "
+        "a cancelled prefill sooner",
+    )
     parser.add_argument("--lines", type=int, default=2, help="lines each editor types")
     parser.add_argument("--max-keys", type=int, default=60, help="keystrokes per editor, at most")
     parser.add_argument("--cps", type=float, default=6.0, help="typing speed, characters per second")
