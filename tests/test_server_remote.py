@@ -278,7 +278,7 @@ async def test_an_outage_is_one_message_and_its_recovery_another():
         server.stop()
 
 
-async def test_a_wrong_key_is_refused_once_and_never_shown(monkeypatch):
+async def test_a_wrong_key_is_refused_once_and_never_shown(monkeypatch, capfd):
     monkeypatch.setenv("LSP_TEST_WRONG_KEY", "wrong-secret-123")
     monkeypatch.setenv("LSP_TEST_RIGHT_KEY", "right-secret-456")
     with LlamaServer(
@@ -302,3 +302,5 @@ async def test_a_wrong_key_is_refused_once_and_never_shown(monkeypatch):
             assert "secret" not in everything
         finally:
             await h.stop(client)
+        logged = capfd.readouterr().err  # the server's stderr (pytest-lsp passes it on)
+        assert "401" in logged and "secret" not in logged
