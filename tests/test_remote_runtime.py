@@ -104,7 +104,7 @@ def test_a_stalled_tokenize_gives_up_at_the_deadline_and_builds_by_characters(se
     server.handler = handle
     started = time.monotonic()
     prompt = runtime.prompt(ContextBuilder(), context(), deadline=started + 0.4)
-    assert time.monotonic() - started < 1.5 and prompt.ids is None and prompt.healed == ""
+    assert time.monotonic() - started < 2.0 and prompt.ids is None and prompt.healed == ""  # not the stall
     assert runtime.snapshot()["prompts"]["by_characters"] == 1
 
 
