@@ -170,10 +170,12 @@ class LlamaServer:
         extra_args: list[str] | None = None,
         ready_timeout_s: float = 120.0,
         port: int | None = None,
+        parallel: int = 1,
     ) -> None:
         self.model = Path(model)
         self.binary = binary  # found (or built) by start() when not given
         self.threads, self.context, self.extra_args = threads, context, list(extra_args or [])
+        self.parallel = parallel  # slots (-np): requests decoded at once, sharing the context
         self.ready_timeout_s = ready_timeout_s
         self.fixed_port = port  # None: a free port at each start; else this one (a restart keeps its URL)
         self.port: int | None = port
@@ -203,7 +205,7 @@ class LlamaServer:
             "-c",
             str(self.context),
             "-np",
-            "1",
+            str(self.parallel),
             *self.extra_args,
         ]
         # the server writes its log here until stop(): no with-block fits that lifetime

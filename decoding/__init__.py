@@ -1,10 +1,31 @@
 """Speculative decoding for code completion: models, drafters, acceptance rules and the loop.
 
 This package knows nothing about LSP or asyncio; the server drives it from a worker thread.
+
+Its names are imported lazily (PEP 562): ``decoding.healing`` and ``decoding.results`` are pure
+Python, and a server that decodes on a remote engine uses them without importing torch, which
+``engine`` and ``models`` need.
 """
 
-from decoding.engine import GenerationConfig, GenerationResult, GenerationStats, SpeculativeEngine
-from decoding.models import LoadedModel, ModelLoadError, load_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from decoding.engine import GenerationConfig, SpeculativeEngine
+    from decoding.models import LoadedModel, ModelLoadError, load_model
+    from decoding.results import GenerationResult, GenerationStats
+
+_WHERE = {
+    "GenerationConfig": "decoding.engine",
+    "SpeculativeEngine": "decoding.engine",
+    "GenerationResult": "decoding.results",
+    "GenerationStats": "decoding.results",
+    "LoadedModel": "decoding.models",
+    "ModelLoadError": "decoding.models",
+    "load_model": "decoding.models",
+}
 
 __all__ = [
     "GenerationConfig",
@@ -15,3 +36,10 @@ __all__ = [
     "SpeculativeEngine",
     "load_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
 from decoding.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.models import LoadedModel
+from decoding.results import DrafterStats, GenerationResult, GenerationStats
 from decoding.verify import (
     Acceptance,
     SamplingParams,
@@ -74,55 +75,6 @@ class GenerationConfig:
     @property
     def stops(self) -> tuple[str, ...]:
         return tuple(s for s in self.stop_strings if s) + (("\n",) if self.stop_at_newline else ())
-
-
-@dataclass
-class DrafterStats:
-    drafts: int = 0
-    proposed: int = 0
-    accepted: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    trimmed_tokens: int = 0  # dropped from the left because the prompt exceeded the context
-    new_tokens: int = 0  # tokens returned
-    produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
-    # produced_tokens + known_tokens: every token up to the stop
-    target_passes: int = 0  # the prefill counts as one: it produces the first token
-    reused_tokens: int = 0  # prompt tokens whose keys and values came from a previous generation
-    known_tokens: int = 0  # tokens taken from a previous generation's greedy continuation (no pass)
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0  # drafting + verifying + bookkeeping after the first token
-    draft_ms: float = 0.0  # of decode_ms: time in the drafter
-    verify_ms: float = 0.0  # of decode_ms: target passes over drafts
-    drafters: dict[str, DrafterStats] = field(default_factory=dict)
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.produced_tokens / self.target_passes if self.target_passes else 0.0
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
-        for name in ("prefill_ms", "decode_ms", "draft_ms", "verify_ms"):
-            out[name] = round(out[name], 2)
-        for name, stats in self.drafters.items():
-            out["drafters"][name]["acceptance"] = round(stats.acceptance, 4)
-        return out
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # tokens whose text lies entirely before any stop; no EOS
-    stop_reason: str  # eos | max_tokens | stop | cancelled
-    stats: GenerationStats
 
 
 def _covered(text: str, prefix: str) -> int:

@@ -229,11 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(args.log_level, args.log_file)
     offline_environment()
-    # Importing torch takes seconds; start it now so the model load after 'initialized' is shorter.
-    from lsp_server.model_host import import_decoding
+    # Importing torch takes seconds: the server starts it at 'initialize', once it knows the
+    # settings (a remote endpoint never imports it), so the model load after 'initialized' is shorter.
     from lsp_server.server import create_server
-
-    threading.Thread(target=import_decoding, name="preload", daemon=True).start()
 
     server = create_server(cli)
     log.info(

@@ -42,7 +42,7 @@ from lsp_server.sources import DocumentSnapshot
 from lsp_server.stats import ServerStats
 
 if TYPE_CHECKING:
-    from decoding import GenerationResult
+    from decoding.results import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,14 @@ class CompletionService:
             and self.memory.typed_ahead(uri, request.source, request.cursor.offset) is not None
         )
         self.stats.reuse["typed_ahead"] += int(typed_ahead)
-        job = functools.partial(self._decode, request, asyncio.get_running_loop())
+        budget_s = settings.time_budget_ms / 1000 or None
+        deadline = time.monotonic() + budget_s if budget_s else None  # as the scheduler counts it
+        job = functools.partial(self._decode, request, asyncio.get_running_loop(), deadline)
         outcome = await self.scheduler.run(
             request.key,
             job,
             debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
-            budget_s=settings.time_budget_ms / 1000 or None,
+            budget_s=budget_s,
         )
         completion, note, final = self._finish(outcome, request)
         if final:
@@ -263,7 +265,11 @@ class CompletionService:
         return self._completion(text, request), note
 
     def _decode(
-        self, request: Request, loop: asyncio.AbstractEventLoop, should_stop: Callable[[], bool]
+        self,
+        request: Request,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float | None,
+        should_stop: Callable[[], bool],
     ) -> Decoded | None:
         """On the worker: the prompt, with the tokenizer of the runtime that decodes it, and the
         decode. None when no model is loaded (it was unloaded meanwhile)."""
@@ -272,10 +278,15 @@ class CompletionService:
         if runtime is None:
             return None
         started = time.perf_counter()
-        prompt = self.context.build(request.context, runtime.tokens)
+        prompt = runtime.prompt(self.context, request.context, deadline)
         prompt_ms = (time.perf_counter() - started) * 1000
         result = runtime.generate(
-            prompt, request.settings, request.situation.ending, should_stop, cache_key=request.uri
+            prompt,
+            request.settings,
+            request.situation.ending,
+            should_stop,
+            cache_key=request.uri,
+            deadline=deadline,
         )
         loop.call_soon_threadsafe(self.stats.record_generation, result)  # counted even when superseded
         return Decoded(result, prompt_ms, prompt)
@@ -305,7 +316,8 @@ class CompletionService:
         if s.target_passes == 0 and s.known_tokens > 0:
             self.stats.reuse["from_chain"] += 1
         note = _decode_note(decoded, outcome)
-        final = not outcome.budget_exhausted and result.stop_reason != "cancelled"
+        # a cut-short or failed decode (a remote engine's "error") is no answer to remember
+        final = not outcome.budget_exhausted and result.stop_reason not in ("cancelled", "error")
         if text is None:
             return None, f"nothing to suggest ({note})", final
         return self._completion(text, request), note, final

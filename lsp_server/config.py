@@ -64,7 +64,19 @@ class Settings:
     allow_insecure_endpoint: bool = False  # plain http:// to a host other than loopback
 
     def model_key(self) -> tuple:
-        """What identifies the loaded weights: a change here means a reload."""
+        """What identifies the loaded weights, or the remote engine and how it is reached: a
+        change here means a reload (a new endpoint's runtime replaces the old one, which is
+        closed). With an endpoint, the local model's settings don't matter."""
+        if self.endpoint is not None:
+            return (
+                "remote",
+                self.endpoint,
+                self.endpoint_api,
+                self.endpoint_model,
+                self.api_key_env,
+                self.ca_bundle,
+                self.allow_insecure_endpoint,
+            )
         return (self.model, self.draft_model, self.device, self.dtype, self.quantization)
 
     def to_lsp(self) -> dict[str, Any]:

@@ -41,28 +41,28 @@ async def _create_token(ls: LanguageServer) -> str | None:
 
 async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) -> None:
     """Load ``settings``' model in the background and tell the user how it went."""
-    describe = f"{settings.model} (device {settings.device}, dtype {settings.dtype}" + (
-        f", draft {settings.draft_model})" if settings.draft_model else ")"
-    )
+    describe = _describe(settings)
     token = await _create_token(ls)
     progress = ls.work_done_progress
     if token is not None:
         progress.begin(
             token,
             types.WorkDoneProgressBegin(
-                title="lsp_server", message=f"loading {settings.model}", cancellable=False
+                title="lsp_server",
+                message=f"loading {settings.endpoint or settings.model}",
+                cancellable=False,
             ),
         )
-    log.info("loading model %s", describe)
+    log.info("loading %s", describe)
     ls.window_log_message(
-        types.LogMessageParams(type=types.MessageType.Info, message=f"lsp_server: loading model {describe}")
+        types.LogMessageParams(type=types.MessageType.Info, message=f"lsp_server: loading {describe}")
     )
 
     def report(message: str) -> None:
         if token is not None:
             progress.report(token, types.WorkDoneProgressReport(message=message))
 
-    report(f"loading {settings.model}: reading weights")
+    report(f"loading {settings.model}: reading weights" if settings.endpoint is None else "connecting")
     state = await host.load(settings, report)
     if state is None:  # a newer load (settings changed again) took over
         if token is not None:
@@ -72,6 +72,8 @@ async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) ->
         message = (
             f"lsp_server: model {state.source} loaded on {state.device} ({state.dtype}) "
             f"in {state.load_ms / 1000:.1f} s"
+            if state.engine == "local"
+            else f"lsp_server: decoding on the remote engine {state.source}"
         )
         log.info("%s", message)
         if token is not None:
@@ -81,8 +83,19 @@ async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) ->
     message = (
         f"lsp_server: could not load model {settings.model!r}: {state.error}. "
         "Completions stay off until a model loads; change the 'model' setting."
+        if settings.endpoint is None
+        else f"lsp_server: could not use the endpoint {settings.endpoint!r}: {state.error}. "
+        "Completions stay off until it can be used; change the 'endpoint' settings."
     )
     if token is not None:
         progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {state.error}"))
     ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))
     ls.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=message))
+
+
+def _describe(settings: Settings) -> str:
+    if settings.endpoint is not None:
+        return f"the remote engine {settings.endpoint} ({settings.endpoint_api})"
+    return f"model {settings.model} (device {settings.device}, dtype {settings.dtype}" + (
+        f", draft {settings.draft_model})" if settings.draft_model else ")"
+    )

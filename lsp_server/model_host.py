@@ -10,6 +10,10 @@ Across requests the runtime keeps each document's KV cache and greedy chain (``P
 keyed by the document's URI, which also records the document's latest request) and the n-gram
 drafter's extra sources (``DraftSources``); when the worker is idle, ``background`` indexes
 changed documents and decodes ahead (prefetch).
+
+With ``endpoint`` set the host holds a ``RemoteRuntime`` (``lsp_server/remote``) instead: built on
+the same loader thread, without importing torch; both are ``EngineRuntime``s (``runtime.py``).
+Idle-time work and the KV-cache stats are the local engine's only.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lsp_server.config import Settings
-from lsp_server.context import Prompt, Tokens
+from lsp_server.context import ContextBuilder, ContextRequest, Prompt, Tokens
 from lsp_server.ending import Ending
+from lsp_server.runtime import EngineRuntime
 from lsp_server.sources import DocumentSnapshot, DraftSources
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
@@ -33,6 +39,8 @@ if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threa
     from decoding.drafters import Drafter, NgramDrafter
     from decoding.kv_cache import Chain
     from decoding.transformers_peer import TransformersDecoder
+    from lsp_server.remote.health import Notice
+    from lsp_server.remote.runtime import RemoteRuntime
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,11 @@ class Runtime:
     tokens: Tokens  # the target's tokenizer, for building prompts
     session_cache_bytes: int = 0
     _peer: TransformersDecoder | None = None  # built on first use
+    kind: ClassVar[str] = "local"
+
+    def prompt(self, builder: ContextBuilder, request: ContextRequest, deadline: float | None) -> Prompt:
+        """Exact and instant: the engine's own tokenizer (the deadline is the decode's business)."""
+        return builder.build(request, self.tokens)
 
     def generate(
         self,
@@ -63,6 +76,7 @@ class Runtime:
         ending: Ending,
         should_stop: Callable[[], bool],
         cache_key: str | None = None,
+        deadline: float | None = None,
     ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
         document) selects the KV cache and greedy chain to reuse and keep."""
@@ -93,6 +107,12 @@ class Runtime:
         """``uri`` was closed: the drafter drops its sources and caches for it (worker thread)."""
         if self.drafter is not None:
             self.drafter.forget(uri)
+
+    def close(self) -> None:
+        """Nothing to release by hand: the weights go with the last reference."""
+
+    def snapshot(self) -> dict[str, Any] | None:
+        return None
 
     def drafter_for(self, name: str) -> Drafter | None:
         """The drafter named ``name``; built once and kept, because it learns across requests."""
@@ -133,10 +153,12 @@ class ModelState:
     quantization: str | None = None  # "none", or the weights' formats (a GGUF's block types, int4, int8)
     error: str | None = None
     load_ms: float | None = None
+    engine: str = "local"  # "remote": decoded by the inference server at ``source``
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
+            "engine": self.engine,
             "loaded": self.status == "ready",
             "spec": self.spec,
             "source": self.source or self.spec,
@@ -159,6 +181,18 @@ def import_decoding() -> None:
     """
     with _IMPORT_LOCK:
         import decoding.drafters  # noqa: F401  (imports decoding too)
+
+
+def load_engine_runtime(
+    settings: Settings, on_notice: Callable[[Notice], None] | None = None
+) -> EngineRuntime:
+    """The runtime ``settings`` ask for: the remote engine at ``endpoint`` (no torch), else the
+    local model; raises with a message meant for the user."""
+    if settings.endpoint is not None:
+        from lsp_server.remote.runtime import RemoteRuntime
+
+        return RemoteRuntime.connect(settings, on_notice)
+    return load_runtime(settings)
 
 
 def load_runtime(settings: Settings) -> Runtime:
@@ -203,59 +237,109 @@ def load_runtime(settings: Settings) -> Runtime:
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """The message for the user, and whether the failure was an expected one (no traceback needed)."""
-    try:
-        from decoding import ModelLoadError
-    except Exception:  # decoding itself failed to import: the exception says why
-        ModelLoadError = ()
-    if ModelLoadError and isinstance(exc, ModelLoadError):
+    # Only a local load imports decoding.models (torch); a remote one must not import it to ask.
+    models = sys.modules.get("decoding.models")
+    load_error = getattr(models, "ModelLoadError", None)
+    if load_error is not None and isinstance(exc, load_error):
         return str(exc), True
     if isinstance(exc, ValueError):  # e.g. make_drafter refusing a combination
         return str(exc), True
     return f"{type(exc).__name__}: {exc}", False
 
 
-class ModelHost:
-    """Owns at most one ``Runtime``; only the newest load may install its result."""
+def _engine_kind(settings: Settings) -> str:
+    return "remote" if settings.endpoint is not None else "local"
 
-    def __init__(self, loader: Callable[[Settings], Runtime] = load_runtime) -> None:
-        self._loader = loader
-        self._runtime: Runtime | None = None
+
+def _close_quietly(runtime: EngineRuntime) -> None:
+    try:
+        runtime.close()
+    except Exception:  # closing must never take the server down
+        log.exception("closing the previous runtime failed")
+
+
+def _ready_state(runtime: EngineRuntime, spec: str, load_ms: float) -> ModelState:
+    if isinstance(runtime, Runtime):
+        target = runtime.engine.target
+        return ModelState(
+            status="ready",
+            spec=spec,
+            source=target.source,
+            device=str(target.device),
+            dtype=str(target.dtype).removeprefix("torch."),
+            quantization=target.quantization,
+            load_ms=load_ms,
+        )
+    remote: RemoteRuntime = runtime  # type: ignore[assignment]
+    config = remote.engine.config
+    return ModelState(
+        status="ready",
+        spec=spec,
+        source=f"{config.url.text} ({config.api}" + (f", model {config.model})" if config.model else ")"),
+        device="remote",
+        load_ms=load_ms,
+        engine="remote",
+    )
+
+
+class ModelHost:
+    """Owns at most one runtime; only the newest load may install its result."""
+
+    def __init__(
+        self, loader: Callable[[Settings, Callable[[Notice], None] | None], EngineRuntime] | None = None
+    ) -> None:
+        self._loader = loader or load_engine_runtime
+        self._runtime: EngineRuntime | None = None
         self._generation = 0
         self.state = ModelState()
         self.sources = DraftSources()
         self.prefetching = False  # a decode ahead is running on the worker (shown in the stats)
+        # A remote engine's outage and recovery notices; called on whatever thread noticed.
+        self.on_notice: Callable[[Notice], None] | None = None
 
     @property
     def ready(self) -> bool:
         return self._runtime is not None
 
     @property
-    def runtime(self) -> Runtime | None:
+    def runtime(self) -> EngineRuntime | None:
         """The runtime to decode with (None while none is loaded); hold on to it for a request."""
         return self._runtime
+
+    @property
+    def local(self) -> Runtime | None:
+        """The runtime when it is the local engine (idle-time work and KV caches are its only)."""
+        runtime = self._runtime
+        return runtime if isinstance(runtime, Runtime) else None
 
     async def load(
         self, settings: Settings, report: Callable[[str], None] | None = None
     ) -> ModelState | None:
-        """Load ``settings``' model in a daemon thread; ``report`` gets a line every few seconds.
+        """Load ``settings``' model (or connect its endpoint) in a daemon thread; ``report`` gets a
+        line every few seconds.
 
         Returns the final state, or None when a newer load started meanwhile (this one's result
-        is dropped). The previous model is released first (a decode still running holds it until
-        its next step), so a reload doesn't need room for two models.
+        is dropped). The previous runtime is released first, on the loader thread (a decode still
+        running holds it until its next step; a remote one's stream is closed), so a reload
+        doesn't need room for two models.
         """
         self._generation += 1
         generation = self._generation
-        self._runtime = None
-        self.state = ModelState(status="loading", spec=settings.model)
+        previous, self._runtime = self._runtime, None
+        spec = settings.endpoint or settings.model
+        self.state = ModelState(status="loading", spec=spec, engine=_engine_kind(settings))
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
         def work() -> None:
+            if previous is not None:
+                _close_quietly(previous)
             try:
-                outcome: tuple[Runtime | None, str | None] = (self._loader(settings), None)
+                built = self._loader(settings, self._notice)
+                outcome: tuple[EngineRuntime | None, str | None] = (built, None)
             except BaseException as exc:  # a load may fail in any way; the server must stay up
                 message, expected = describe_error(exc)
-                log.error("model %s failed to load: %s", settings.model, message, exc_info=not expected)
+                log.error("model %s failed to load: %s", spec, message, exc_info=not expected)
                 outcome = (None, message)
             with contextlib.suppress(RuntimeError):  # the loop is gone: the server exited while loading
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
@@ -267,35 +351,46 @@ class ModelHost:
             if finished:
                 break
             if report is not None and generation == self._generation:
-                report(f"loading {settings.model}: {time.monotonic() - started:.0f} s")
+                report(f"loading {spec}: {time.monotonic() - started:.0f} s")
         runtime, error = done.result()
         if generation != self._generation:
-            log.info("discarding the load of %s: a newer load started", settings.model)
+            log.info("discarding the load of %s: a newer load started", spec)
+            if runtime is not None:
+                threading.Thread(target=_close_quietly, args=(runtime,), daemon=True).start()
             return None
         load_ms = round((time.monotonic() - started) * 1000, 1)
         if runtime is None:
-            self.state = ModelState(status="failed", spec=settings.model, error=error, load_ms=load_ms)
+            self.state = ModelState(
+                status="failed", spec=spec, error=error, load_ms=load_ms, engine=_engine_kind(settings)
+            )
             return self.state
-        target = runtime.engine.target
         self._runtime = runtime
-        self.state = ModelState(
-            status="ready",
-            spec=settings.model,
-            source=target.source,
-            device=str(target.device),
-            dtype=str(target.dtype).removeprefix("torch."),
-            quantization=target.quantization,
-            load_ms=load_ms,
-        )
+        self.state = _ready_state(runtime, spec, load_ms)
         return self.state
 
+    def _notice(self, notice: Notice) -> None:
+        listener = self.on_notice
+        if listener is not None:
+            listener(notice)
+
+    def close(self) -> None:
+        """The server is stopping: release the runtime (a remote one's connections)."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            _close_quietly(runtime)
+
     def cache_snapshot(self) -> dict[str, Any] | None:
-        runtime = self._runtime
+        runtime = self.local
         return runtime.engine.prefix_cache.snapshot() if runtime is not None else None
+
+    def endpoint_snapshot(self) -> dict[str, Any] | None:
+        """The remote engine's ``endpoint`` block of the stats; None for the local engine."""
+        runtime = self._runtime
+        return runtime.snapshot() if runtime is not None and runtime.kind == "remote" else None
 
     def forget(self, uri: str) -> None:
         """The document was closed: drop its KV cache, even one a decode holds right now."""
-        runtime = self._runtime
+        runtime = self.local
         if runtime is not None:
             runtime.engine.prefix_cache.drop(uri)
 
@@ -325,7 +420,7 @@ class ModelHost:
         """Idle-time work on the worker: index changed documents as draft sources, then decode the
         line after ``uri``'s suggestion so that accepting it and moving on is answered at once.
         Returns the prefetch's result, or None when nothing was decoded."""
-        runtime = self._runtime
+        runtime = self.local
         if runtime is None or settings.decoder != "speculative":
             return None
         engine = runtime.engine

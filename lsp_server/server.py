@@ -8,8 +8,10 @@ built-ins; completion logic is in ``completion.py``, model loading in ``lifecycl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -18,10 +20,13 @@ from lsp_server import __version__, lifecycle
 from lsp_server.completion import ACCEPTED_COMMAND, Completion, CompletionService
 from lsp_server.config import SECTION, Layered, Settings, layer
 from lsp_server.documents import open_document
-from lsp_server.model_host import ModelHost
+from lsp_server.model_host import ModelHost, import_decoding
 from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats
+
+if TYPE_CHECKING:
+    from lsp_server.remote.health import Notice
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,24 @@ class CompletionServer(LanguageServer):
         self.service.memory.clear()  # answers of the previous model must not be replayed
         self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.host, self.settings))
 
+    def listen_for_notices(self) -> None:
+        """A remote engine's outage and recovery, shown once each (``remote/health.py`` decides
+        when); the engine notices on its own threads, the message goes out on the event loop."""
+        loop = asyncio.get_running_loop()
+
+        def show(notice: Notice) -> None:
+            kind = types.MessageType.Warning if notice.kind == "down" else types.MessageType.Info
+            message = f"lsp_server: {notice.message}"
+
+            def send() -> None:
+                if not self._stopped:
+                    self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is stopping
+                loop.call_soon_threadsafe(send)
+
+        self.host.on_notice = show
+
     # -- process lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Stop the decode worker too; pygls calls this when the connection ends, and so does
@@ -102,6 +125,7 @@ class CompletionServer(LanguageServer):
         self._stopped = True
         log.info("stopping")
         self.scheduler.close(timeout_s=0.5)
+        self.host.close()
         super().shutdown()
 
 
@@ -150,6 +174,8 @@ def _session_features(server: CompletionServer) -> None:
         ls.init_settings = ls.apply_settings(
             ls.base_settings, params.initialization_options, "initializationOptions"
         )
+        if ls.settings.endpoint is None:  # torch takes seconds to import: start before the load
+            threading.Thread(target=import_decoding, name="preload", daemon=True).start()
         log.info(
             "client %s, position encoding %s",
             params.client_info.name if params.client_info else "unknown",
@@ -162,6 +188,7 @@ def _session_features(server: CompletionServer) -> None:
         for result, origin in ls.startup_messages:
             ls.tell_about(result, origin)
         ls.startup_messages.clear()
+        ls.listen_for_notices()
         ls.start_load()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
@@ -188,6 +215,7 @@ def _session_features(server: CompletionServer) -> None:
             "model": ls.host.state.to_dict(),
             "settings": ls.settings.to_lsp(),
             "kv_cache": ls.host.cache_snapshot(),
+            "endpoint": ls.host.endpoint_snapshot(),
             "draft_sources": ls.host.sources.snapshot(),
             "position_encoding": _value(ls.workspace.position_encoding),
             "version": __version__,

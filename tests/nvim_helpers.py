@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -38,9 +39,14 @@ def nvim_binary(version: str) -> Path:
     return binary
 
 
-def isolated_env(home: Path, ghost_text: str, python: str) -> dict[str, str]:
+def isolated_env(
+    home: Path, ghost_text: str, python: str, settings: dict[str, Any] | None = None
+) -> dict[str, str]:
     """No user configuration, plugins or state leak in; the model cache (XDG_CACHE_HOME) is kept."""
     env = dict(os.environ)
+    env.pop("SC_SETTINGS", None)
+    if settings:
+        env["SC_SETTINGS"] = json.dumps(settings)  # the plugin's `settings`, for the server
     for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_DIRS", "XDG_DATA_DIRS"):
         folder = home / name.lower()
         folder.mkdir(parents=True, exist_ok=True)
@@ -52,12 +58,19 @@ def isolated_env(home: Path, ghost_text: str, python: str) -> dict[str, str]:
 class Editor:
     """One Neovim process; every method is a synchronous RPC round trip."""
 
-    def __init__(self, home: Path, version: str, ghost_text: str, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        home: Path,
+        version: str,
+        ghost_text: str,
+        python: str = sys.executable,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.home = home
         argv = [str(nvim_binary(version)), "--embed", "--headless", "-u", str(INIT), "-i", "NONE", "-n"]
         saved = dict(os.environ)
         os.environ.clear()
-        os.environ.update(isolated_env(home, ghost_text, python))
+        os.environ.update(isolated_env(home, ghost_text, python, settings))
         try:  # pynvim starts the child with this process' environment
             self.nvim = pynvim.attach("child", argv=argv)
         finally:

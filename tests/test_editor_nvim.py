@@ -322,3 +322,25 @@ def test_a_missing_server_is_reported_once_and_by_checkhealth(tmp_path):
         assert len(errors) == 1 and "server command not found" in errors[0]
     finally:
         editor.close()
+
+
+def test_one_setting_points_the_plugin_at_a_running_llama_server(tmp_path):
+    """Issue 16: the plugin passes the endpoint through; the suggestion is the local engine's."""
+    from benchmarks.llama_server import LlamaServer, llama_server_binary
+    from tests.test_remote_llama_server import THREADS, gguf
+
+    with LlamaServer(gguf(), binary=llama_server_binary(), threads=THREADS) as server:
+        source = tmp_path / "point.py"
+        source.write_text("\n".join(POINT) + "\n")
+        settings = {"endpoint": server.url, "endpointApi": "llama.cpp"}
+        editor = Editor(tmp_path, "0.12", "auto", settings=settings)
+        try:
+            editor.nvim.command(f"edit {source}")
+            stats = editor.wait_model_ready()
+            assert stats["model"]["engine"] == "remote" and stats["settings"]["endpoint"] == server.url
+            editor.input(APPEND_AT_SELF_Y)
+            shown = editor.wait("the ghost text", editor.ghost_text)
+            assert [(g["row"], g["col"], g["text"]) for g in shown] == [(3, 14, " = y")]
+            assert editor.stats()["endpoint"]["requests"] >= 1
+        finally:
+            editor.close()

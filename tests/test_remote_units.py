@@ -326,6 +326,8 @@ def test_the_gate_ends_empty_when_the_text_strays_from_the_prefix():
 def test_a_prefix_grammar_is_a_gbnf_literal():
     assert gbnf_literal('a"b\\c\n\t') == '"a\\"b\\\\c\\n\\t"'
     assert prefix_grammar("  x") == 'root ::= "  x" [^\\x00]*'
+    # after the user's whitespace, no more of it (the local engine's healing rule)
+    assert prefix_grammar("\n  ") == 'root ::= "\\n  " ([^ \\t\\n\\r\\x00] [^\\x00]*)?'
 
 
 def test_with_a_required_prefix_the_stops_are_left_to_the_gate():

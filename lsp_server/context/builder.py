@@ -66,6 +66,9 @@ class ContextRequest:
     neighbor_snippets: int = 2
     heal: bool = True
     language: LanguageSpec | None = None  # when the caller has detected it already
+    # The engine takes the suffix as text (a remote engine's own FIM: OpenAI ``suffix``, llama.cpp
+    # ``/infill``): ``Prompt.suffix`` is filled without a template, within the same share.
+    engine_suffix: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,9 @@ class ContextBuilder:
         if template is not None:
             overhead = fim.overhead(template, tokens)
             suffix, suffix_ids = self._suffix(text, offset, tokens, int(budget * SUFFIX_SHARE))
+        elif request.engine_suffix:
+            suffix = self._suffix_text(text, offset, tokens, int(budget * SUFFIX_SHARE))
+            overhead = tokens.count(suffix)
 
         room = budget - overhead - len(suffix_ids)
         reserve = (tokens.count(clean(cursor_text)) // RESERVE_STEP + 1) * RESERVE_STEP
@@ -276,6 +282,19 @@ class ContextBuilder:
             suffix = suffix[: cut + 1] if cut >= 0 else ""
             ids = tokens.encode(suffix)
         return suffix, ids
+
+    @staticmethod
+    def _suffix_text(text: str, offset: int, tokens: Tokens, budget: int) -> str:
+        """The suffix for an engine's own FIM: whole lines, nearest first, within ``budget`` as
+        counted (estimated, for a remote tokenizer)."""
+        end, kept = offset, offset
+        while end < len(text) and end - offset < budget * MAX_CHARS_PER_TOKEN:
+            newline = text.find("\n", end)
+            end = len(text) if newline < 0 else newline + 1
+            if tokens.count(clean(text[offset:end])) > budget:
+                break
+            kept = end
+        return clean(text[offset:kept])
 
     def _snippets(
         self,

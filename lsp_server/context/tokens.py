@@ -19,10 +19,15 @@ class Tokens:
     decode: Callable[[Sequence[int]], str]  # ids -> text, special tokens kept
     vocab: Callable[[], Mapping[str, int]]  # every token's piece -> id (FIM markers are looked up here)
     healing_index: Any = None  # decoding.healing.HealingIndex: lets healing skip special tokens
+    # Where encoding is a round trip (a remote engine's /tokenize), the counts that only choose
+    # which rows fit come from this estimate; the prompt's own ids still come from ``encode``.
+    estimate: Callable[[str], int] | None = None
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``, memoized for the current request's repeated pieces."""
+        if self.estimate is not None:
+            return self.estimate(text) if text else 0
         n = self._counts.get(text)
         if n is None:
             if len(self._counts) > 4096:

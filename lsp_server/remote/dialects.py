@@ -156,7 +156,8 @@ class LlamaCppDialect:
         return out
 
     def tokenize(self, url: BaseUrl, text: str, model: str | None) -> tuple[str, dict[str, Any]]:
-        return _root(url) + "/tokenize", {"content": text, "add_special": False}
+        # with_pieces: each id's text comes back too, so healing can decode without /detokenize
+        return _root(url) + "/tokenize", {"content": text, "add_special": False, "with_pieces": True}
 
     def detokenize(self, url: BaseUrl, ids: list[int], model: str | None) -> tuple[str, dict[str, Any]]:
         return _root(url) + "/detokenize", {"tokens": ids}
@@ -175,6 +176,22 @@ def parse_tokens(body: Any) -> list[int] | None:
     if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
         return None
     return ids  # type: ignore[return-value]
+
+
+def parse_pieces(body: Any) -> dict[int, bytes]:
+    """The bytes of each token in a ``/tokenize`` answer given ``with_pieces`` (llama.cpp): a
+    piece is a string, or a list of byte values when it is not valid UTF-8 on its own."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    out: dict[int, bytes] = {}
+    for token in tokens if isinstance(tokens, list) else ():
+        if not isinstance(token, dict) or not isinstance(token.get("id"), int):
+            continue
+        piece = token.get("piece")
+        if isinstance(piece, str):
+            out[token["id"]] = piece.encode("utf-8")
+        elif isinstance(piece, list) and all(isinstance(b, int) and 0 <= b < 256 for b in piece):
+            out[token["id"]] = bytes(piece)
+    return out
 
 
 def parse_text(body: Any) -> str | None:

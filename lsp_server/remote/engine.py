@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx2 as httpx
 
 from lsp_server.remote import transport
-from lsp_server.remote.dialects import Chunk, dialect, parse_text, parse_tokens
+from lsp_server.remote.dialects import Chunk, dialect, parse_pieces, parse_text, parse_tokens
 from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.gate import Gate
 from lsp_server.remote.health import Health, Notice
@@ -229,6 +229,24 @@ class RemoteEngine:
         url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
         return self._tokenizer_call(url, body, deadline, parse_tokens)
 
+    def tokenize_pieces(
+        self, text: str, deadline: float | None = None
+    ) -> tuple[list[int], dict[int, bytes]] | None:
+        """``tokenize``, plus each token's bytes where the engine sends them (llama.cpp's
+        ``with_pieces``; empty elsewhere)."""
+        url, body = self.dialect.tokenize(self.config.url, text, self.config.model)
+
+        def parse(answer: Any) -> tuple[list[int], dict[int, bytes]] | None:
+            ids = parse_tokens(answer)
+            return None if ids is None else (ids, parse_pieces(answer))
+
+        return self._tokenizer_call(url, body, deadline, parse)
+
+    @property
+    def fim_available(self) -> bool:
+        """Whether a suffix is still sent (until the engine refuses one: no FIM in its model)."""
+        return self._use_suffix
+
     def detokenize(self, ids: Sequence[int], deadline: float | None = None) -> str | None:
         """The text of ``ids`` by the engine's ``/detokenize`` (llama.cpp, vLLM): what healing needs
         to know which text a backed-up token held; None where there is none or it failed."""
@@ -248,6 +266,7 @@ class RemoteEngine:
             status, answer = future.result(timeout=remaining + 0.5)
         except TransportError as exc:
             status, answer = None, None
+            self.stats.record(last_error=str(exc))
             self.health.failure(str(exc), hard=exc.hard)
         except Exception as exc:  # a timeout of the future, or a bug: no answer, never an exception
             future.cancel()
@@ -257,7 +276,9 @@ class RemoteEngine:
         if status == 200 or status in UNSUPPORTED:
             self.health.success()  # it answered: a probe that got through ends an outage too
         elif status is not None:
-            self.health.failure(f"HTTP {status} from {url.rsplit('/', 1)[-1]}", hard=True)
+            error = f"{transport.status_text(status)} from /{url.rsplit('/', 1)[-1]}"
+            self.stats.record(last_error=error)
+            self.health.failure(error, hard=True)
         if status in UNSUPPORTED or (status == 200 and value is None):
             self.stats.record(tokenize_supported=False)
         elif value is not None:

@@ -181,14 +181,18 @@ async def raise_for_status(response: httpx.Response) -> None:
         detail = ""
     detail = " ".join(detail.split())[:ERROR_BODY_CHARS]
     status = response.status_code
+    what = status_text(status)
+    raise TransportError(f"{what}: {detail}" if detail else what, hard=True, status=status)
+
+
+def status_text(status: int) -> str:
+    """``HTTP 401 unauthorized (check the key in apiKeyEnv)`` and the like: what to do about it."""
     what = {
         401: "unauthorized (check the key in apiKeyEnv)",
         403: "forbidden (check the key in apiKeyEnv)",
         404: "not found (check endpoint and endpointApi)",
     }.get(status, "error")
-    raise TransportError(
-        f"HTTP {status} {what}: {detail}" if detail else f"HTTP {status} {what}", hard=True, status=status
-    )
+    return f"HTTP {status} {what}"
 
 
 def describe(exc: BaseException) -> TransportError:

@@ -63,5 +63,6 @@ require('speculative_complete').setup({
   cmd = { env.SC_PYTHON, '-m', 'lsp_server' },
   ghost_text = env.SC_GHOST_TEXT,
   -- A roomy budget: the test checks what the editor shows, not how fast a loaded machine is.
-  settings = { timeBudgetMs = 60000 },
+  -- SC_SETTINGS (JSON) adds server settings, e.g. an endpoint.
+  settings = vim.tbl_extend('force', { timeBudgetMs = 60000 }, env.SC_SETTINGS and vim.json.decode(env.SC_SETTINGS) or {}),
 })

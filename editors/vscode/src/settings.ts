@@ -20,6 +20,13 @@ export const SERVER_KEYS = [
   'timeBudgetMs',
   'enabled',
   'multiline',
+  // a remote engine (the server's README, "Remote engines"); the key itself is never a setting
+  'endpoint',
+  'endpointApi',
+  'endpointModel',
+  'apiKeyEnv',
+  'caBundle',
+  'allowInsecureEndpoint',
 ] as const;
 
 export type ServerKey = (typeof SERVER_KEYS)[number];

@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import {
+  SERVER_KEYS,
   explicitValue,
   launchSettings,
   needsRestart,
@@ -70,6 +73,33 @@ describe('the settings sent to the server', () => {
     assert.equal(explicitValue({ globalValue: 'a', workspaceValue: 'b' }), 'b');
     assert.equal(explicitValue({ globalValue: null }), null);
     assert.equal(explicitValue({}), undefined);
+  });
+});
+
+describe('the remote engine settings', () => {
+  it('are passed through to the server by their own names', () => {
+    const explicit = {
+      endpoint: 'https://gpu-box:8000/v1',
+      endpointApi: 'openai',
+      endpointModel: 'qwen2.5-coder-7b',
+      apiKeyEnv: 'TEAM_LLM_KEY',
+      caBundle: '/etc/team-ca.pem',
+      allowInsecureEndpoint: false,
+    };
+    assert.deepEqual(serverPayload(explicit), { lspServer: explicit });
+  });
+
+  it('send a cleared endpoint (null) as such: back to the local engine', () => {
+    assert.deepEqual(serverSettings({ endpoint: null }), { endpoint: null });
+  });
+
+  it('are all declared in package.json, where the user sets them', () => {
+    const manifest = JSON.parse(readFileSync(join(__dirname, '..', '..', 'package.json'), 'utf8'));
+    const declared = Object.keys(manifest.contributes.configuration.properties);
+    for (const key of ['endpoint', 'endpointApi', 'endpointModel', 'apiKeyEnv', 'caBundle', 'allowInsecureEndpoint']) {
+      assert.ok(SERVER_KEYS.includes(key as (typeof SERVER_KEYS)[number]), key);
+      assert.ok(declared.includes(`lspServer.${key}`), key);
+    }
   });
 });
 
