@@ -59,7 +59,11 @@ class SoakConfig:
     faults: bool = True
     fault_decode: int = 25  # the request job that fails mid-decode (LSP_SERVER_TEST_FAULTS)
     max_in_flight: int = 3
-    rss_margin_mb: float = 300.0  # the bound: RSS after warm-up plus this
+    # The bound: RSS after warm-up plus the KV caches' budget (kvCacheMb, 256 MB by default: the
+    # per-document caches may still be filling then) plus 200 MB of transient buffers (copies of a
+    # 6 MB document, a model reload).
+    rss_margin_mb: float = 256.0 + 200.0
+    rss_growth_mb: float = 100.0  # the run's second half may not peak higher than its first by more
     options: dict[str, Any] = field(default_factory=lambda: {"debounceMs": 10, "timeBudgetMs": 3000})
     log_dir: Path | None = None
 
@@ -324,9 +328,10 @@ def check_stats(stats: dict[str, Any], wire: Wire, tally: Tally, faults: bool) -
     return problems
 
 
-def check_rss(tally: Tally, margin_mb: float) -> tuple[list[str], dict[str, Any]]:
+def check_rss(tally: Tally, margin_mb: float, growth_mb: float) -> tuple[list[str], dict[str, Any]]:
     """RSS after warm-up (a fifth of the run, the big document open) plus a fixed margin bounds
-    every later sample, however many requests come after."""
+    every later sample, and the second half of the run peaks no higher than the first (within
+    ``growth_mb``): memory does not grow with the number of requests."""
     samples = tally.rss
     if len(samples) < 5:
         return ["too few RSS samples"], {}
@@ -342,9 +347,14 @@ def check_rss(tally: Tally, margin_mb: float) -> tuple[list[str], dict[str, Any]
         "second_half_peak_mb": max(later[half:]),
         "samples": len(samples),
     }
-    problems = (
-        [f"RSS {max(later)} MB over the bound {warm + margin_mb} MB"] if max(later) > warm + margin_mb else []
-    )
+    problems = []
+    if max(later) > warm + margin_mb:
+        problems.append(f"RSS {max(later)} MB over the bound {warm + margin_mb} MB")
+    if figures["second_half_peak_mb"] > figures["first_half_peak_mb"] + growth_mb:
+        problems.append(
+            f"RSS grew: second half's peak {figures['second_half_peak_mb']} MB, first half's "
+            f"{figures['first_half_peak_mb']} MB"
+        )
     return problems, figures
 
 
@@ -439,7 +449,7 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
         problems.append(f"not LSP on stdout: {wire.protocol_errors[:3]}")
     if code != 0:
         problems.append(f"shutdown + exit ended the process with {code}")
-    rss_problems, rss = check_rss(run.tally, config.rss_margin_mb)
+    rss_problems, rss = check_rss(run.tally, config.rss_margin_mb, config.rss_growth_mb)
     problems += rss_problems
     faults: dict[str, Any] = {}
     if config.faults:
