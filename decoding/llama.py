@@ -9,11 +9,12 @@ product for the output, one norm, one product for gate and up together, one for 
 
 Every row of a pass is computed as it would be alone (the tests check it bit for bit): the
 linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least
-``MIN_ATTENTION_ROWS`` query rows at a time (MKL sums a one- or two-row product in another
-order), reads keys in whole blocks of ``KEY_BLOCK`` and sums them block by block in order (MKL
-splits one long sum by its length), and the causal mask only adds exact zeros to a row's sums.
-That is what makes speculative greedy decoding equal plain decoding of this very model, and a
-cache filled by any mix of prefills, steps and verify passes equal to one filled in one pass.
+``MIN_ATTENTION_ROWS`` query rows at a time (MKL sums a product of few rows in another order: up
+to 2 rows on one CPU, 3 on an AVX-512 one), reads keys in whole blocks of ``KEY_BLOCK`` and sums
+them block by block in order (MKL splits one long sum by its length), and the causal mask only
+adds exact zeros to a row's sums. That is what makes speculative greedy decoding equal plain
+decoding of this very model, and a cache filled by any mix of prefills, steps and verify passes
+equal to one filled in one pass.
 
 Weights come from a GGUF file's own quantized blocks (``from_gguf``) or from a transformers
 Llama quantized at load (``from_transformers``). Rotary embeddings act on adjacent pairs, as in
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
 from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
 
-MIN_ATTENTION_ROWS = 3
+MIN_ATTENTION_ROWS = 16  # MKL's few-row paths: 1-2 rows on one CPU, 1-3 on an AVX-512 one
 # Attention sums over keys in blocks of this many, in order: MKL splits a longer sum in ways that
 # depend on its length, so a row would not add up the same in a pass that attends to more keys.
 KEY_BLOCK = 256

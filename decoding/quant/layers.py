@@ -10,8 +10,10 @@ rows.
   takes bf16 activations (fp32 and fp16 inputs run a scalar path ~25x slower), accumulates in
   fp32 and returns bf16; its per-row arithmetic does not depend on the row count.
 - ``DenseLinear``: fp32 weights computed as ``weight @ x.T``, MKL's path that stays both fast
-  for a few rows and batch-invariant (``F.linear`` switches kernels with the row count); one
-  row is doubled, because MKL's one-row path sums in another order.
+  for a few rows and batch-invariant (``F.linear`` switches kernels with the row count) from
+  ``MIN_DENSE_ROWS`` rows on: fewer rows are padded, because MKL sums a product of few rows in
+  another order (below 2 rows on one CPU, below 12 on an AVX-512 one; ``tests/test_quant.py``
+  checks the machine it runs on).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from decoding.quant.gguf_blocks import GROUP, Int4Term, QuantTensor
 
 INT4_N_MULTIPLE = 16  # the kernel packs output rows in groups of 16
+MIN_DENSE_ROWS = 16  # fewer rows than this are padded (see DenseLinear)
 
 
 class Int4Linear(torch.nn.Module):
@@ -61,8 +64,8 @@ class DenseLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         rows = x.shape[0]
-        if rows == 1:
-            x = x.expand(2, -1).contiguous()
+        if rows < MIN_DENSE_ROWS:
+            x = torch.cat([x, x[:1].expand(MIN_DENSE_ROWS - rows, -1)])
         return (self.weight @ x.t())[:, :rows].t().contiguous()
 
     def nbytes(self) -> int:
