@@ -31,7 +31,7 @@ async def eventually(client, check, what: str) -> dict:
         if check(current):
             return current
         assert time.monotonic() < deadline, f"{what} never happened: {current}"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.02)
 
 
 async def test_the_kv_cache_stays_within_its_budget_over_many_documents(client):
@@ -109,7 +109,9 @@ async def test_a_request_preempts_idle_time_decoding(client):
 
 
 async def test_closing_a_document_mid_decode_leaves_nothing_of_it_behind(client):
-    await h.configure(client, {"maxNewTokens": 400, "debounceMs": 0, "timeBudgetMs": 0, "prefetch": False})
+    # A decode long enough to be caught running on a fast machine: a block, up to 2000 tokens.
+    long_decode = {"maxNewTokens": 2000, "multiline": True, "debounceMs": 0, "timeBudgetMs": 0}
+    await h.configure(client, {**long_decode, "prefetch": False})
     uri = "file:///work/closed_mid_decode.py"
     text = "values = ["
     h.open_document(client, text, uri=uri)
