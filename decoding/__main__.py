@@ -15,6 +15,7 @@ from pathlib import Path
 from decoding.drafters import DRAFTER_NAMES, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.models import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
+from decoding.results import GenerationResult
 
 log = logging.getLogger("decoding")
 
@@ -69,6 +70,31 @@ def read_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return prompts
 
 
+def report(prompt_id: str, result: GenerationResult, as_json: bool, many: bool) -> None:
+    """One completion on stdout: a JSON line, or the text (timings to the log)."""
+    if as_json:
+        record = {
+            "id": prompt_id,
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "stop_reason": result.stop_reason,
+            "stats": result.stats.to_dict(),
+        }
+        print(json.dumps(record), flush=True)
+        return
+    sys.stdout.write(result.text + ("\n" if many else ""))
+    sys.stdout.flush()
+    stats = result.stats
+    log.info(
+        "%s: %d tokens, %.2f tokens/pass, prefill %.0f ms, decode %.0f ms",
+        prompt_id,
+        stats.new_tokens,
+        stats.tokens_per_pass,
+        stats.prefill_ms,
+        stats.decode_ms,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -108,32 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_at_newline=args.stop_at_newline,
     )
     for prompt_id, prompt in prompts:
-        result = engine.generate_text(prompt, config, drafter)
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "id": prompt_id,
-                        "text": result.text,
-                        "token_ids": result.token_ids,
-                        "stop_reason": result.stop_reason,
-                        "stats": result.stats.to_dict(),
-                    }
-                ),
-                flush=True,
-            )
-        else:
-            sys.stdout.write(result.text + ("\n" if len(prompts) > 1 else ""))
-            sys.stdout.flush()
-            stats = result.stats
-            log.info(
-                "%s: %d tokens, %.2f tokens/pass, prefill %.0f ms, decode %.0f ms",
-                prompt_id,
-                stats.new_tokens,
-                stats.tokens_per_pass,
-                stats.prefill_ms,
-                stats.decode_ms,
-            )
+        report(prompt_id, engine.generate_text(prompt, config, drafter), args.json, many=len(prompts) > 1)
     return 0
 
 

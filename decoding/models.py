@@ -322,6 +322,26 @@ def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
         return None
 
 
+def _lean_at_load(
+    model: Any, tokenizer: Any, device: torch.device, source: str, quantization: str
+) -> LoadedModel | None:
+    """A safetensors Llama quantized at load (``int4``/``int8``) behind the lean forward; None for
+    another architecture, which keeps transformers' forward."""
+    forward = _quantized_at_load(model.float(), 4 if quantization == "int4" else 8)
+    if forward is None:
+        return None
+    return LoadedModel(
+        model=None,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=torch.float32,
+        source=source,
+        forward=forward,
+        config=model.config,
+        quantization=quantization,
+    )
+
+
 def load_model(
     spec: str = DEFAULT_MODEL,
     *,
@@ -362,9 +382,8 @@ def load_model(
     elif spec.startswith(("/", ".", "~")) or (os.sep in spec and spec.count("/") != 1):
         raise ModelLoadError(f"model path not found: {path}")
     else:
-        folder = _hub_cache_folder(spec)
         model, tokenizer = _from_folder(
-            folder,
+            _hub_cache_folder(spec),
             gguf_file=None,
             dtype=torch_dtype,
             trust_remote_code=trust_remote_code,
@@ -372,18 +391,9 @@ def load_model(
         )
     source = str(path if path.exists() else spec)
     if quantize_cpu and quantization in ("int4", "int8"):
-        forward = _quantized_at_load(model.float(), 4 if quantization == "int4" else 8)
-        if forward is not None:
-            return LoadedModel(
-                model=None,
-                tokenizer=tokenizer,
-                device=torch_device,
-                dtype=torch.float32,
-                source=source,
-                forward=forward,
-                config=model.config,
-                quantization=quantization,
-            )
+        lean = _lean_at_load(model, tokenizer, torch_device, source, quantization)
+        if lean is not None:
+            return lean
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     if torch_device.type == "cpu" and torch_dtype == torch.float32:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py

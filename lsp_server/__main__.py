@@ -65,6 +65,37 @@ def setting(name: str):
     return check
 
 
+def _remote_arguments(parser: argparse.ArgumentParser) -> None:
+    """The remote engine's flags, in a group of their own."""
+    remote = parser.add_argument_group("remote engine (nothing reaches the network without --endpoint)")
+    remote.add_argument(
+        "--endpoint",
+        type=setting("endpoint"),
+        help="decode on this inference server, e.g. http://127.0.0.1:8080 or https://gpu-box:8000/v1",
+    )
+    remote.add_argument(
+        "--endpoint-api",
+        choices=ENDPOINT_APIS,
+        help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
+        "(/completion, /infill); default openai",
+    )
+    remote.add_argument(
+        "--endpoint-model", type=setting("endpoint_model"), help="the model name the server expects"
+    )
+    remote.add_argument(
+        "--api-key-env",
+        type=setting("api_key_env"),
+        help="the NAME of an environment variable holding the bearer token",
+    )
+    remote.add_argument("--ca-bundle", type=setting("ca_bundle"), help="a PEM file of extra CA certificates")
+    remote.add_argument(
+        "--allow-insecure-endpoint",
+        action="store_true",
+        default=None,
+        help="allow plain http:// to a host other than loopback",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="lsp_server",
@@ -98,33 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=setting("quantization"),
         help="auto (a GGUF keeps its quantized weights on the CPU), none, int8, int4",
     )
-    remote = parser.add_argument_group("remote engine (nothing reaches the network without --endpoint)")
-    remote.add_argument(
-        "--endpoint",
-        type=setting("endpoint"),
-        help="decode on this inference server, e.g. http://127.0.0.1:8080 or https://gpu-box:8000/v1",
-    )
-    remote.add_argument(
-        "--endpoint-api",
-        choices=ENDPOINT_APIS,
-        help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
-        "(/completion, /infill); default openai",
-    )
-    remote.add_argument(
-        "--endpoint-model", type=setting("endpoint_model"), help="the model name the server expects"
-    )
-    remote.add_argument(
-        "--api-key-env",
-        type=setting("api_key_env"),
-        help="the NAME of an environment variable holding the bearer token",
-    )
-    remote.add_argument("--ca-bundle", type=setting("ca_bundle"), help="a PEM file of extra CA certificates")
-    remote.add_argument(
-        "--allow-insecure-endpoint",
-        action="store_true",
-        default=None,
-        help="allow plain http:// to a host other than loopback",
-    )
+    _remote_arguments(parser)
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--log-file", help="append logs to this file instead of stderr")
     parser.add_argument("--version", action="version", version=f"lsp_server {__version__}")

@@ -161,12 +161,13 @@ def _completion_items(found: Completion | None) -> types.CompletionList:
 def create_server(cli: Layered) -> CompletionServer:
     server = CompletionServer(cli)
     _session_features(server)
+    _shutdown_features(server)
     _completion_features(server)
     return server
 
 
 def _session_features(server: CompletionServer) -> None:
-    """Initialization, settings, document close, stats and the shutdown sequence."""
+    """Initialization, settings, document close and stats."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CompletionServer, params: types.InitializeParams) -> None:
@@ -220,6 +221,10 @@ def _session_features(server: CompletionServer) -> None:
             "position_encoding": _value(ls.workspace.position_encoding),
             "version": __version__,
         }
+
+
+def _shutdown_features(server: CompletionServer) -> None:
+    """The shutdown sequence: stop every decode, then exit with the spec's code."""
 
     @server.feature(types.SHUTDOWN)
     def shutdown(ls: CompletionServer, params: Any) -> None:
