@@ -36,7 +36,9 @@ import os
 import platform
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -70,11 +72,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Ablations, to see where the gain comes from.
     "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     "reuse_only": {"drafter": "none"},
+    "no_workspace": {"workspaceIndexMb": 0},  # with --workspace: shipped without the workspace index
     # The peer server: llama.cpp's llama-server on the same GGUF, driven by LlamaServerClient (these
     # settings are not sent anywhere; maxNewTokens and contextTokens from --options apply to it).
     "llama_server": {},
 }
 LLAMA_SERVER = "llama_server"
+WORKSPACE_KEYS = ("files", "tokens", "index_bytes", "drafts", "proposed", "accepted")
 DEFAULT_CONFIGS = "shipped,baseline,hf_prompt_lookup,llama_server"
 PUNCTUATION_PAUSE = set("(),:.=[]{}")
 ANSWER_GUARD_S = 120.0  # a hang guard for the run, not a latency expectation
@@ -169,8 +173,10 @@ def common_prefix(a: str, b: str) -> int:
 class ReplayClient:
     """The real server process over stdio, driven with pygls' own client."""
 
-    def __init__(self, name: str, options: dict[str, Any], model: str | None) -> None:
-        self.name, self.options, self.model = name, options, model
+    def __init__(
+        self, name: str, options: dict[str, Any], model: str | None, workspace: Path | None = None
+    ) -> None:
+        self.name, self.options, self.model, self.workspace = name, options, model, workspace
         self.client = LanguageClient("replay", "1")
 
     async def start(self) -> None:
@@ -183,9 +189,14 @@ class ReplayClient:
                 inline_completion=types.InlineCompletionClientCapabilities()
             )
         )
+        folders = None
+        if self.workspace is not None:
+            folders = [types.WorkspaceFolder(uri=self.workspace.as_uri(), name=self.workspace.name)]
         await asyncio.wait_for(
             self.client.initialize_async(
-                types.InitializeParams(capabilities=caps, initialization_options=self.options)
+                types.InitializeParams(
+                    capabilities=caps, initialization_options=self.options, workspace_folders=folders
+                )
             ),
             ANSWER_GUARD_S,
         )
@@ -194,6 +205,20 @@ class ReplayClient:
         while (await self.stats())["model"]["status"] != "ready":
             if (await self.stats())["model"]["status"] == "failed" or time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name}: the model did not load: {(await self.stats())['model']}")
+            await asyncio.sleep(0.2)
+        await self._workspace_indexed(deadline)
+
+    async def _workspace_indexed(self, deadline: float) -> None:
+        """Type only once the workspace index is built (a user's session is long past that)."""
+        drafts = self.options.get("drafter") != "none" and self.options.get("decoder") != "transformers"
+        wanted = self.workspace is not None and self.options.get("workspaceIndexMb", 1) > 0 and drafts
+        while wanted:
+            index = (await self.stats())["workspace_index"]
+            if index["scanned"] and not index["pending"]:
+                log.warning("%s: workspace indexed: %s", self.name, index)
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: the workspace was not indexed: {index}")
             await asyncio.sleep(0.2)
 
     async def stats(self) -> dict[str, Any]:
@@ -602,6 +627,9 @@ def summarize(
             "from_chain": (s.get("reuse") or {}).get("from_chain"),
             "budget_exhausted": s.get("budget_exhausted"),
             "phases_mean_ms": {k: v.get("mean") for k, v in (s.get("phases_ms") or {}).items()},
+            "workspace_index": {
+                k: v for k, v in (s.get("workspace_index") or {}).items() if k in WORKSPACE_KEYS
+            },
         }
     base = out.get(baseline, {})
     for row in out.values():
@@ -711,6 +739,20 @@ def corpus_files(corpus: Sequence[str]) -> list[tuple[str, Path]]:
     return found
 
 
+def sibling_workspace(segments: Sequence[Segment], files: Sequence[tuple[str, Path]], root: Path) -> Path:
+    """A workspace folder for ``--workspace``: the other ``.py`` files of each typed file's own
+    folder (the project around it), copied under ``root``; never a typed file itself."""
+    paths = dict(files)
+    typed = {paths[s.file].resolve() for s in segments}
+    for segment in segments:
+        for sibling in sorted(paths[segment.file].parent.glob("*.py")):
+            if sibling.resolve() not in typed:
+                target = root / Path(segment.file).parent / sibling.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(sibling, target)
+    return root
+
+
 def llama_gguf(model: str | None) -> Path:
     """The GGUF llama-server runs: ``--model`` when it is one, else the embedded model's file."""
     if model is None:
@@ -752,6 +794,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--options", default="{}", help="JSON settings added to every configuration")
     parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's -t (default 2)")
+    parser.add_argument(
+        "--workspace",
+        action="store_true",
+        help="give our servers a workspace folder: the typed files' sibling files, not the typed ones",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -782,11 +829,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if len(segments) == args.files:
             break
     scripts = [typing_script(s.typed, args.cps, random.Random(f"{args.seed}:{s.file}")) for s in segments]
+    workspace = None
+    if args.workspace:
+        workspace = sibling_workspace(segments, files, Path(tempfile.mkdtemp(prefix="replay-workspace-")))
     clients: dict[str, ReplayClient | LlamaServerClient] = {
         name: (
             LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
             if name == LLAMA_SERVER
-            else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model)
+            else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model, workspace)
         )
         for name in args.configs
     }
@@ -811,6 +861,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for client in clients.values():
             await client.stop()
+        if workspace is not None:
+            shutil.rmtree(workspace, ignore_errors=True)
     typed_chars = sum(len(s.typed) for s in segments)
     summary = summarize(records, stats, typed_chars, args.baseline)
     return {

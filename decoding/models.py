@@ -17,12 +17,14 @@ import contextlib
 import ctypes
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -261,10 +263,7 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     transformers = _import_transformers()
     target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
     if (target / "config.json").is_file():
-        return (
-            transformers.AutoConfig.from_pretrained(str(target), local_files_only=True),
-            transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True),
-        )
+        return _plain_config(target / "config.json"), _cached_tokenizer(target)
     kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
     config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
@@ -280,6 +279,25 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     return config, tokenizer
 
 
+def _plain_config(path: Path) -> SimpleNamespace:
+    """``config.json`` as attributes. The lean forward reads its shapes from the GGUF itself, and
+    ``LoadedModel`` only the end-of-sequence ids and the context length from this; transformers'
+    config classes would import ~1000 modules (torch.distributed, sympy: ~80 MB resident) for it."""
+    return SimpleNamespace(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def _cached_tokenizer(folder: Path) -> Any:
+    """The cached tokenizer; the plain fast class where that is what it is (``AutoTokenizer``
+    would import the config machinery that ``_plain_config`` avoids)."""
+    import transformers
+
+    with contextlib.suppress(OSError, ValueError):
+        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if settings.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
 def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel | None:
     """The GGUF's own quantized blocks on the lean CPU forward, or None where it does not apply
     (another architecture): the caller then dequantizes through transformers."""
@@ -291,7 +309,7 @@ def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) 
         log.info("%s: the quantized forward does not cover %s; dequantizing instead", path.name, exc)
         return None
     config, tokenizer = _gguf_metadata(path, trust_remote_code)
-    _give_back_freed_memory()
+    give_back_freed_memory()
     return LoadedModel(
         model=None,
         tokenizer=tokenizer,
@@ -304,9 +322,11 @@ def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) 
     )
 
 
-def _give_back_freed_memory() -> None:
-    """Return the heap that unpacking the blocks freed to the OS (glibc keeps it otherwise: ~50 MB
-    of a ready server's resident memory). No library call does this; a no-op off glibc."""
+def give_back_freed_memory() -> None:
+    """Return the heap that loading freed to the OS (glibc keeps it otherwise: unpacking the blocks
+    and the tokenizer's load leave ~80 MB of a ready server's resident memory). No library call
+    does this; a no-op off glibc. Call it again after other load-time work (it trims every
+    thread's arena, not only the caller's)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 

@@ -40,6 +40,7 @@ from lsp_server.reuse import Key, SuggestionMemory
 from lsp_server.scheduler import Outcome, Scheduler
 from lsp_server.sources import DocumentSnapshot
 from lsp_server.stats import ServerStats
+from lsp_server.workspace import WorkspaceIndex
 
 if TYPE_CHECKING:
     from decoding.results import GenerationResult
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 ACCEPTED_COMMAND = "lsp_server.accepted"  # run by the client when the user accepts an item
 IDLE_BEFORE_BACKGROUND_S = 0.15  # a typist's next key usually comes sooner: don't start work to drop
+IDLE_BEFORE_INDEXING_S = 0.5  # the workspace index waits for a real pause, after any prefetch
 _WORD_CHAR = re.compile(r"\w")
 
 
@@ -117,6 +119,8 @@ class CompletionService:
         self._background: asyncio.Task | None = None
         self._background_uri: str | None = None
         self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
+        self.workspace = WorkspaceIndex()
+        self._indexing: asyncio.Task | None = None
 
     async def complete(
         self, kind: str, uri: str, document: TextDocument | None, position: types.Position, *, invoked: bool
@@ -345,6 +349,8 @@ class CompletionService:
             self._background.cancel()
         self._background_uri = uri
         self._background = asyncio.ensure_future(self._work_ahead(uri, settings, self._requests_seen))
+        if self.workspace.pending:  # e.g. the drafter setting changed: a new drafter, no index yet
+            self.index_workspace()
 
     async def _work_ahead(self, uri: str, settings: Settings, seen: int) -> None:
         await asyncio.sleep(IDLE_BEFORE_BACKGROUND_S)
@@ -368,6 +374,33 @@ class CompletionService:
     ) -> GenerationResult | None:
         self.registry.forget_on_worker()
         return self.host.background(settings, documents, uri, should_stop)
+
+    def index_workspace(self) -> None:
+        """Bring the workspace index up to date when the worker is idle (files changed, a model
+        loaded); one such task at a time."""
+        if self._indexing is None or self._indexing.done():
+            self._indexing = asyncio.ensure_future(self._index_when_idle())
+
+    async def _index_when_idle(self) -> None:
+        while self.workspace.pending and self.host.local is not None:
+            seen = self._requests_seen
+            await asyncio.sleep(IDLE_BEFORE_INDEXING_S)
+            if self._requests_seen != seen:
+                continue  # the user is typing: try again at the next pause
+            outcome = await self.scheduler.run_background(self._index_step)
+            if outcome.status in ("cancelled", "failed") or (
+                outcome.status == "done" and outcome.value is None
+            ):
+                return  # the server is stopping, a bug (logged), or no n-gram drafter to index for
+
+    def _index_step(self, should_stop: Callable[[], bool]) -> bool | None:
+        self.registry.forget_on_worker()
+        runtime, settings = self.host.local, self._settings()
+        if runtime is None or settings.decoder != "speculative":
+            return None
+        runtime.drafter_for(settings.drafter)  # the drafter requests will use, built if new
+        ngram = runtime.ngram_source()
+        return None if ngram is None else self.workspace.sync(ngram, runtime.engine.encode, should_stop)
 
     def accepted(self, uri: str, text: str) -> None:
         """The client ran the accepted-item command."""

@@ -55,6 +55,7 @@ class Settings:
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
     neighbor_snippets: int = 2  # snippets from other open documents in the prompt
     token_healing: bool = True
+    workspace_index_mb: int = 8  # the workspace's files as a draft source (MB of text); 0: off
     # A remote engine (lsp_server/remote): None decodes locally; nothing reaches the network otherwise.
     endpoint: str | None = None  # base URL, e.g. "http://gpu-box:8000/v1"
     endpoint_api: str = "openai"  # "openai": /v1/completions; "llama.cpp": /completion and /infill
@@ -194,6 +195,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "fim_template": _fim_template,
     "neighbor_snippets": _int_range(0, 10),
     "token_healing": _bool,
+    "workspace_index_mb": _int_range(0, 1024),
     "endpoint": _endpoint,
     "endpoint_api": _choice(ENDPOINT_APIS),
     "endpoint_model": _optional_string,

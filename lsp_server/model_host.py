@@ -202,7 +202,7 @@ def load_runtime(settings: Settings) -> Runtime:
 
     from decoding import SpeculativeEngine, load_model
     from decoding.drafters import make_drafter
-    from decoding.models import check_draft_compatible
+    from decoding.models import check_draft_compatible, give_back_freed_memory
 
     hf_logging.disable_progress_bar()  # its bars would only add noise to the server's stderr
     target = load_model(
@@ -225,13 +225,15 @@ def load_runtime(settings: Settings) -> Runtime:
         settings.drafter, draft_model=draft, cost=engine.cost, session_cache_bytes=session_bytes
     )
     engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
+    tokens = Tokens.for_engine(engine)
+    give_back_freed_memory()
     return Runtime(
         engine=engine,
         drafter=drafter,
         drafter_name=settings.drafter,
         draft_model=draft,
         session_cache_bytes=session_bytes,
-        tokens=Tokens.for_engine(engine),
+        tokens=tokens,
     )
 
 

@@ -24,6 +24,7 @@ from lsp_server.model_host import ModelHost, import_decoding
 from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats
+from lsp_server.workspace import WATCHED_GLOB, WorkspaceLimits, uri_paths, workspace_roots
 
 if TYPE_CHECKING:
     from lsp_server.remote.health import Notice
@@ -63,6 +64,7 @@ class CompletionServer(LanguageServer):
         self.shutdown_requested = False
         self.exit_code: int | None = None
         self._load_task: asyncio.Task | None = None
+        self.watching: asyncio.Future | None = None  # asking the client to watch the workspace's files
         self._stopped = False
 
     # -- settings ----------------------------------------------------------------------------------
@@ -76,6 +78,8 @@ class CompletionServer(LanguageServer):
             self.tell_about(result, origin)
             if previous.model_key() != self.settings.model_key():
                 self.start_load()
+            if _workspace_budget(previous) != _workspace_budget(self.settings):
+                self.scan_workspace()
         else:
             self.startup_messages.append((result, origin))
         return self.settings
@@ -96,6 +100,36 @@ class CompletionServer(LanguageServer):
     def start_load(self) -> None:
         self.service.memory.clear()  # answers of the previous model must not be replayed
         self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.host, self.settings))
+        # A new model has a new drafter and maybe a new tokenizer: the workspace is indexed anew.
+        self._load_task.add_done_callback(lambda _: self._stopped or self.service.index_workspace())
+
+    # -- the workspace as a draft source -----------------------------------------------------------
+    def scan_workspace(self) -> None:
+        """Read the workspace folders' source files on a thread, then index them when idle; not
+        with a remote engine (it has no local drafter: nothing is read)."""
+        limits = WorkspaceLimits(max_bytes=_workspace_budget(self.settings) << 20)
+        roots = workspace_roots((f.uri for f in self.workspace.folders.values()), self.workspace.root_uri)
+        scan = asyncio.to_thread(self.service.workspace.scan, roots, limits)
+        self._track(asyncio.ensure_future(scan))
+
+    def workspace_files_changed(self, uris: list[str]) -> None:
+        if self.service.workspace.roots:
+            self._track(
+                asyncio.ensure_future(asyncio.to_thread(self.service.workspace.changed, uri_paths(uris)))
+            )
+
+    def _track(self, task: asyncio.Future) -> None:
+        """When the file work is done, index what changed; a failure is logged, never raised."""
+
+        def done(task: asyncio.Future) -> None:
+            if task.cancelled() or self._stopped:
+                return
+            if task.exception() is not None:
+                log.error("reading the workspace failed: %s", task.exception())
+                return
+            self.service.index_workspace()
+
+        task.add_done_callback(done)
 
     def listen_for_notices(self) -> None:
         """A remote engine's outage and recovery, shown once each (``remote/health.py`` decides
@@ -127,6 +161,13 @@ class CompletionServer(LanguageServer):
         self.scheduler.close(timeout_s=0.5)
         self.host.close()
         super().shutdown()
+
+
+def _workspace_budget(settings: Settings) -> int:
+    """MB of the workspace to index: none for a remote engine or the transformers peer (no local
+    n-gram drafter to index for)."""
+    local = settings.endpoint is None and settings.decoder == "speculative"
+    return settings.workspace_index_mb if local else 0
 
 
 def _inline_items(found: Completion | None) -> types.InlineCompletionList:
@@ -163,6 +204,7 @@ def create_server(cli: Layered) -> CompletionServer:
     _session_features(server)
     _shutdown_features(server)
     _completion_features(server)
+    _workspace_features(server)
     return server
 
 
@@ -191,6 +233,9 @@ def _session_features(server: CompletionServer) -> None:
         ls.startup_messages.clear()
         ls.listen_for_notices()
         ls.start_load()
+        ls.scan_workspace()
+        if _can_watch_files(ls):
+            ls.watching = asyncio.ensure_future(_watch_files(ls))
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(
@@ -218,6 +263,7 @@ def _session_features(server: CompletionServer) -> None:
             "kv_cache": ls.host.cache_snapshot(),
             "endpoint": ls.host.endpoint_snapshot(),
             "draft_sources": ls.host.sources.snapshot(),
+            "workspace_index": ls.service.workspace.snapshot(),
             "position_encoding": _value(ls.workspace.position_encoding),
             "version": __version__,
         }
@@ -263,6 +309,49 @@ def _completion_features(server: CompletionServer) -> None:
             "completion", uri, open_document(ls.workspace, uri), params.position, invoked=invoked
         )
         return _completion_items(found)
+
+
+def _workspace_features(server: CompletionServer) -> None:
+    """The workspace's files as a draft source, kept current on saves, watched-file events and
+    folder changes (``workspace.py``)."""
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: CompletionServer, params: types.DidSaveTextDocumentParams) -> None:
+        ls.workspace_files_changed([params.text_document.uri])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(ls: CompletionServer, params: types.DidChangeWatchedFilesParams) -> None:
+        ls.workspace_files_changed([change.uri for change in params.changes])
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_workspace_folders(
+        ls: CompletionServer, params: types.DidChangeWorkspaceFoldersParams
+    ) -> None:
+        ls.scan_workspace()  # pygls has updated the folders already
+
+
+def _can_watch_files(ls: CompletionServer) -> bool:
+    workspace = ls.client_capabilities.workspace if ls.client_capabilities else None
+    watched = workspace.did_change_watched_files if workspace else None
+    return bool(watched and watched.dynamic_registration)
+
+
+async def _watch_files(ls: CompletionServer) -> None:
+    """Ask the client to report created, changed and deleted source files (saves are told by
+    ``didSave``; this covers a checkout, a generator, another editor)."""
+    watcher = types.FileSystemWatcher(glob_pattern=WATCHED_GLOB)
+    registration = types.Registration(
+        id="lsp_server/workspace-files",
+        method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+        register_options=types.DidChangeWatchedFilesRegistrationOptions(watchers=[watcher]),
+    )
+    try:
+        await asyncio.wait_for(
+            ls.client_register_capability_async(types.RegistrationParams(registrations=[registration])),
+            CONFIG_PULL_TIMEOUT_S,
+        )
+    except Exception as exc:  # a refusal or no answer: saves still keep the index current
+        log.warning("no file watching for the workspace index (%s)", exc or type(exc).__name__)
 
 
 def _value(enum_or_str: Any) -> Any:

@@ -14,6 +14,7 @@ import torch
 
 from decoding.drafters import make_drafter
 from decoding.drafters.base import Draft
+from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from tests.reference import plain_greedy
@@ -80,9 +81,29 @@ def expected_output(reference: list[int], variant: int, rng: random.Random):
     return {"max_new_tokens": MAX_NEW, "stop_at_newline": True}, None, reference[:cut], text[:cut]
 
 
+def corpus_documents(rng: random.Random, prompt: list[int], reference: list[int]) -> list[list[int]]:
+    """A workspace for the case: the prompt's tail and the target's own continuation with one
+    token changed somewhere (drafts accepted up to there, rejected there), and unrelated text."""
+    tail = prompt[-rng.randint(1, len(prompt)) :]
+    copy = tail + list(reference)
+    wrong = rng.randrange(len(tail), len(copy)) if reference else 0
+    copy[wrong] = (copy[wrong] + 1) % TINY_VOCAB
+    noise = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(0, 60))]
+    return [copy, noise]
+
+
+def make_case_drafter(name: str, engine, draft_model, max_draft: int, corpus: list[list[int]]):
+    """``corpus``: the n-gram drafter with the case's workspace as its corpus index."""
+    if name != "corpus":
+        return make_drafter(name, draft_model=draft_model, cost=engine.cost, max_draft=max_draft)
+    drafter = make_drafter("ngram", cost=engine.cost, max_draft=max_draft)
+    drafter.corpus = CorpusIndex(corpus)
+    return drafter
+
+
 def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int]:
     near, other = drafts
-    totals = {"proposed": 0, "accepted": 0, "passes": 0, "tokens": 0}
+    totals = {"proposed": 0, "accepted": 0, "passes": 0, "tokens": 0, "corpus_drafts": 0}
     for i in cases:
         rng, prompt, variant = make_case(i)
         which = i % len(targets)
@@ -93,9 +114,8 @@ def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int
         try:
             engine = SpeculativeEngine(loaded(target))
             draft_model = loaded(near[which] if i % 3 else other[which])
-            drafter = make_drafter(
-                drafter_name, draft_model=draft_model, cost=engine.cost, max_draft=rng.choice([2, 4, 8])
-            )
+            corpus = corpus_documents(random.Random(f"corpus:{i}"), prompt, reference)
+            drafter = make_case_drafter(drafter_name, engine, draft_model, rng.choice([2, 4, 8]), corpus)
             result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
         finally:
             target.config.eos_token_id = None
@@ -106,10 +126,11 @@ def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int
             totals["accepted"] += stats.accepted
         totals["passes"] += result.stats.target_passes
         totals["tokens"] += result.stats.produced_tokens
+        totals["corpus_drafts"] += getattr(drafter, "corpus_drafts", 0)
     return totals
 
 
-@pytest.mark.parametrize("drafter_name", ["none", "ngram", "model", "auto"])
+@pytest.mark.parametrize("drafter_name", ["none", "ngram", "model", "auto", "corpus"])
 def test_greedy_output_equals_plain_greedy_on_200_cases(targets, drafts, drafter_name):
     totals = run_cases(targets, drafts, drafter_name, range(200))
     if drafter_name == "none":
@@ -119,6 +140,8 @@ def test_greedy_output_equals_plain_greedy_on_200_cases(targets, drafts, drafter
         assert totals["proposed"] > 200
         assert 0 < totals["accepted"] < totals["proposed"]
         assert totals["tokens"] > totals["passes"]
+    if drafter_name == "corpus":  # the workspace's index drafted, not only the prompt
+        assert totals["corpus_drafts"] > 100
 
 
 class RejectAt:

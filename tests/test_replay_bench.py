@@ -15,7 +15,7 @@ from tests import lsp_helpers as h
 
 def write_corpus(folder: Path) -> None:
     folder.mkdir()
-    for name, word in (("shapes.py", "area"), ("money.py", "amount")):
+    for name, word in (("shapes.py", "area"), ("money.py", "amount"), ("helpers.py", "amount")):
         body = "".join(
             f"def {word}_{i}(value):\n    result = value * {i}\n    return result + {i}\n\n"
             for i in range(20)
@@ -48,6 +48,7 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
             json.dumps({"maxNewTokens": 6, "timeBudgetMs": 0}),
             "--out",
             str(out),
+            "--workspace",  # the file not typed: our servers' workspace
         ],
         capture_output=True,
         text=True,
@@ -69,4 +70,6 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
     assert payload["server_stats"]["baseline"]["kv_cache"]["reused_tokens"] == 0
     assert payload["server_stats"]["shipped"]["kv_cache"]["reused_tokens"] > 0
     assert out.with_suffix(".png").stat().st_size > 1000
+    workspace = payload["summary"]["shipped"]["workspace_index"]
+    assert workspace["files"] == 1 and workspace["tokens"] > 0
     assert "p50 pause ms" in done.stdout and "shipped" in done.stdout

@@ -70,6 +70,8 @@ def test_defaults_then_cli_then_init_then_client_with_flat_or_nested_payloads():
         ("fimTemplate", "gpt"),
         ("neighborSnippets", 11),
         ("tokenHealing", "on"),
+        ("workspaceIndexMb", -1),
+        ("workspaceIndexMb", 2048),
     ],
 )
 def test_a_bad_value_keeps_the_current_one_and_says_why(key, value):
@@ -122,6 +124,7 @@ def test_to_lsp_uses_the_documented_names():
         "fimTemplate",
         "neighborSnippets",
         "tokenHealing",
+        "workspaceIndexMb",
         "endpoint",
         "endpointApi",
         "endpointModel",

@@ -40,7 +40,9 @@ async def test_the_server_holds_its_promises_under_a_hostile_mix_and_faults(tmp_
     assert set(result["bad_frames"]) == FRAME_KINDS
     assert figures["files"] >= 60
     stats = result["server_stats"]
-    assert stats["failed"] >= 1 and stats["cancelled"] > 0 and stats["errors"] > 0 and stats["decodes"] > 50
+    # The injected decode fault is checked by the soak itself (a failed request, or, when a newer
+    # request had superseded that one before its decode raised, the server's log): see problems.
+    assert stats["cancelled"] > 0 and stats["errors"] > 0 and stats["decodes"] > 50
     assert result["faults"]["stdin_closed"]["decoding_when_closed"]
     assert result["faults"]["tcp_dropped"]["decoding_when_dropped"]
     assert result["rss"]["samples"] >= 40

@@ -63,8 +63,9 @@ class AutoDrafter:
         candidates: list[tuple[float, str, int]] = []
         match = self.ngram.lookup(tokens, limit)
         if match is not None:
-            k, gain = best_draft_length(self.ngram.stats.alpha(match.length), len(match.tokens), self.cost)
-            key = f"ngram{self.ngram.stats.bucket(match.length)}"
+            stats = self.ngram.stats_for(match.source)
+            k, gain = best_draft_length(stats.alpha(match.length), len(match.tokens), self.cost)
+            key = f"ngram-{'corpus' if match.source == 'corpus' else 'view'}{stats.bucket(match.length)}"
             if gain >= self.MIN_GAIN or self._probe(key):
                 candidates.append((gain, "ngram", k))
         if self.model is not None and max_len > 0:
@@ -88,7 +89,9 @@ class AutoDrafter:
         _, source, k = max(candidates)
         if source == "ngram":
             assert match is not None
-            return Draft(tokens=match.tokens[:k], source="ngram", match_length=match.length)
+            return Draft(
+                tokens=match.tokens[:k], source="ngram", match_length=match.length, origin=match.source
+            )
         assert self.model is not None
         return self.model.propose_exactly(tokens, k)
 

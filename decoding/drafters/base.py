@@ -26,6 +26,7 @@ class Draft:
     probs: torch.Tensor | None = None  # (len(tokens), vocab); None for deterministic sources
     source: str = ""  # the drafter that produced it, for per-drafter statistics
     match_length: int = 0  # n-gram drafts: how many trailing tokens matched (a confidence signal)
+    origin: str = ""  # n-gram drafts: the stream matched ("live", "history", "doc:<uri>", "corpus")
 
     def __len__(self) -> int:
         return len(self.tokens)

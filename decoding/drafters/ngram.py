@@ -4,6 +4,8 @@ Code repeats itself (names, call shapes, whole lines copied from above or from a
 file), and a match costs nothing to find, so this is the drafter that pays on a CPU. Each token
 stream (the live sequence, other open documents, previously accepted completions) has an index
 from n-gram to end positions that is extended as tokens arrive rather than rescanned per step.
+A corpus (``corpus.CorpusIndex``: the workspace's files, too large for these per-stream
+indexes) is consulted last and wins only with a strictly longer match.
 The longest match wins; among equally long ones (or ones both past ``SURE_MATCH`` tokens) the
 one with more tokens to propose, then the live sequence first, then accepted completions, then
 other documents, and within a stream the most recent occurrence.
@@ -24,6 +26,7 @@ from itertools import islice
 import torch
 
 from decoding.drafters.base import Draft
+from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
 from decoding.kv_cache import common_prefix_length
 from decoding.verify import SamplingParams
@@ -104,6 +107,9 @@ class TokenIndex:
         return n
 
 
+# Acceptance priors for corpus matches by match length (see ``AcceptanceStats``): below those of
+# the streams in view until the corpus's drafts show otherwise.
+CORPUS_PRIORS = {2: 0.1, 4: 0.25, 8: 0.45, 16: 0.65, 32: 0.85}
 # (tokens skipped in the stream, in the sequence) to line the two up again after a disagreement
 RESYNC_SKIPS = ((1, 1), (0, 1), (1, 0), (2, 1), (1, 2), (2, 2))
 
@@ -130,6 +136,7 @@ class NgramDrafter:
     SURE_MATCH = 32  # matches at least this long count as equally trustworthy (one stats bucket)
     SHORT_MATCH = 4  # an exact match shorter than this gives way to a long one skipping the last tokens
     SKIP_MATCH = 12  # how long a match skipping the last tokens must be to be trusted at all
+    CORPUS_MIN_MATCH = 2  # a single token recurs everywhere in a large corpus: no evidence at all
 
     def __init__(
         self, min_n: int = 1, max_n: int = 6, max_draft: int = 16, cost: CostModel | None = None
@@ -137,9 +144,16 @@ class NgramDrafter:
         self.min_n, self.max_n, self.max_draft = min_n, max_n, max_draft
         self.cost = cost or CostModel()
         self.stats = AcceptanceStats()
+        # The corpus's matches are learned apart: a match as long as one in view is found in a far
+        # larger text, so it is more often a coincidence.
+        self.corpus_stats = AcceptanceStats(priors=dict(CORPUS_PRIORS))
         self._live = TokenIndex(min_n=min_n, max_n=max_n)
         self._history = TokenIndex(min_n=min_n, max_n=max_n)
         self._sources: dict[str, TokenIndex] = {}
+        # A large read-only source (the workspace's files), swapped whole when it is rebuilt (on
+        # another thread: a reference assignment, which lookups read once).
+        self.corpus: CorpusIndex | None = None
+        self.corpus_drafts = self.corpus_proposed = self.corpus_accepted = 0
 
     # -- extra sources ---------------------------------------------------------------------------
     def set_source(self, name: str, tokens: Sequence[int]) -> None:
@@ -185,13 +199,38 @@ class NgramDrafter:
             if exact is not None:
                 break
         if exact is not None and exact.length >= self.SHORT_MATCH:
-            return exact
+            return self._or_corpus(tokens, max_len, exact)
         for skipped in (1, 2):
             n = min(self.max_n, len(tokens) - skipped)
             fuzzy = self._best(tokens, len(tokens) - skipped, n, max_len, skipped) if n >= 1 else None
             if fuzzy is not None and fuzzy.length >= self.SKIP_MATCH:
                 return Match(tokens=fuzzy.tokens, length=0, source=fuzzy.source, skipped=skipped)
-        return exact
+        return self._or_corpus(tokens, max_len, exact)
+
+    def stats_for(self, source: str) -> AcceptanceStats:
+        """The acceptance statistics of a match's (or a draft's) source."""
+        return self.corpus_stats if source == "corpus" else self.stats
+
+    def _or_corpus(self, tokens: Sequence[int], max_len: int, found: Match | None) -> Match | None:
+        """The corpus's match where it is strictly longer than ``found`` and, by what each source's
+        drafts have shown so far, expected to gain more (the streams in view win ties: what is
+        near the cursor predicts better than the same length elsewhere)."""
+        corpus = self.corpus  # read once: a new index may replace it from another thread
+        if corpus is None or (found is not None and found.length >= self.SURE_MATCH):
+            return found
+        shortest = max(self.CORPUS_MIN_MATCH, found.length + 1 if found is not None else 0)
+        match = corpus.longest(tokens, max_len, min_length=shortest)
+        if match is None:
+            return found
+        candidate = Match(tokens=match.tokens, length=min(match.length, self.MAX_MATCH), source="corpus")
+        if found is not None and self.expected_gain(found) >= self.expected_gain(candidate):
+            return found
+        return candidate
+
+    def expected_gain(self, match: Match) -> float:
+        """Speed-up over plain decoding of drafting ``match`` at its best length."""
+        alpha = self.stats_for(match.source).alpha(match.length)
+        return best_draft_length(alpha, len(match.tokens), self.cost, draft_cost=0.0)[1]
 
     def _best(self, tokens: Sequence[int], size: int, n: int, max_len: int, skipped: int = 0) -> Match | None:
         """The longest match of the ``n`` tokens before ``size``, continuing ``skipped`` tokens on."""
@@ -224,9 +263,18 @@ class NgramDrafter:
         match = self.lookup(tokens, min(max_len, self.max_draft))
         if match is None:
             return Draft(source=self.name)
-        alpha = self.stats.alpha(match.length)
+        alpha = self.stats_for(match.source).alpha(match.length)
         k, _ = best_draft_length(alpha, len(match.tokens), self.cost, draft_cost=0.0)
-        return Draft(tokens=match.tokens[: max(k, 1)], source=self.name, match_length=match.length)
+        return Draft(
+            tokens=match.tokens[: max(k, 1)],
+            source=self.name,
+            match_length=match.length,
+            origin=match.source,
+        )
 
     def observe(self, draft: Draft, accepted: int) -> None:
-        self.stats.update(draft.match_length, accepted, len(draft))
+        self.stats_for(draft.origin).update(draft.match_length, accepted, len(draft))
+        if draft.origin == "corpus":
+            self.corpus_drafts += 1
+            self.corpus_proposed += len(draft)
+            self.corpus_accepted += accepted

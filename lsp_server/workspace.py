@@ -1,0 +1,307 @@
+"""The workspace's source files as a draft source for the n-gram drafter.
+
+Code is written after the code around it: a call, a signature or a whole block typed in one file
+usually exists in another file of the same project. At ``initialize`` the workspace folders are
+walked (in ``.gitignore``'s sense, through ``pathspec``, git's own matching rules, and within
+``WorkspaceLimits``), their source files read on a thread of their own and kept as text; saves
+and ``workspace/didChangeWatchedFiles`` re-read or drop single files.
+
+Tokenizing runs on the decode worker as idle-time jobs, like the open documents' indexing in
+``sources.py``: the tokenizer is the engine's and is not shared across threads, and any request
+pre-empts the job between files. The index (``decoding.drafters.corpus.CorpusIndex``, a suffix
+array: ~0.5 s for 2M tokens) is then built on a thread of its own, so that a request arriving
+meanwhile does not wait for it, and replaces the drafter's old one whole; until then the old one
+serves. Nothing here touches the network, and a remote engine (no local drafter) skips all of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lsp_server.context.languages import EXTENSIONS
+
+log = logging.getLogger(__name__)
+
+SKIPPED_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "dist-packages"})
+BINARY_PROBE_BYTES = 8192
+WATCHED_GLOB = "**/*{" + ",".join(sorted(EXTENSIONS)) + "}"  # what the client is asked to watch
+
+
+@dataclass(frozen=True)
+class WorkspaceLimits:
+    max_bytes: int = 8 << 20  # all files together (``workspaceIndexMb``); 0: no workspace index
+    max_files: int = 5000
+    max_file_bytes: int = 256 << 10  # larger files are generated or data, not code to copy from
+    max_dirs: int = 20000  # a root at a home folder must not walk the whole disk
+
+
+def _ignore_spec(directory: Path) -> Any | None:
+    """The directory's own ``.gitignore`` as a matcher, or None."""
+    path = directory / ".gitignore"
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _ignored(path: Path, is_dir: bool, specs: Sequence[tuple[Path, Any]]) -> bool:
+    """Whether a ``.gitignore`` of ``path``'s directory or one above it excludes ``path``."""
+    for base, spec in specs:
+        relative = path.relative_to(base).as_posix() + ("/" if is_dir else "")
+        if spec.match_file(relative):
+            return True
+    return False
+
+
+def excluded(path: Path, root: Path) -> bool:
+    """Whether the walk from ``root`` would leave ``path`` out (for a single changed file)."""
+    relative = path.relative_to(root)
+    if any(part.startswith(".") or part in SKIPPED_DIRS for part in relative.parts):
+        return True
+    if path.suffix.lower() not in EXTENSIONS:
+        return True
+    specs: list[tuple[Path, Any]] = []
+    directory = root
+    for part in relative.parts:
+        own = _ignore_spec(directory)
+        specs = [*specs, (directory, own)] if own is not None else specs
+        directory = directory / part
+        if _ignored(directory, directory != path, specs):
+            return True
+    return False
+
+
+def source_files(roots: Iterable[Path], limits: WorkspaceLimits) -> Iterator[Path]:
+    """Source files under ``roots`` that git would track, in a stable order, hidden folders and
+    dependency folders left out; at most ``limits.max_files``."""
+    count = dirs = 0
+    for root in roots:
+        stack: list[tuple[Path, list[tuple[Path, Any]]]] = [(root, [])]
+        while stack:
+            directory, specs = stack.pop()
+            dirs += 1
+            if dirs > limits.max_dirs:
+                return
+            own = _ignore_spec(directory)
+            specs = [*specs, (directory, own)] if own is not None else specs
+            try:
+                entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            except OSError:
+                continue
+            subdirs = []
+            for entry in entries:
+                path = Path(entry.path)
+                if entry.name.startswith(".") or entry.is_symlink():
+                    continue
+                if entry.is_dir():
+                    if entry.name not in SKIPPED_DIRS and not _ignored(path, True, specs):
+                        subdirs.append((path, specs))
+                elif Path(entry.name).suffix.lower() in EXTENSIONS and not _ignored(path, False, specs):
+                    yield path
+                    count += 1
+                    if count >= limits.max_files:
+                        return
+            stack.extend(reversed(subdirs))
+
+
+def read_source(path: Path, limits: WorkspaceLimits) -> str | None:
+    """The file's text, or None where it is too large, binary, or unreadable."""
+    try:
+        if path.stat().st_size > limits.max_file_bytes:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if b"\0" in data[:BINARY_PROBE_BYTES]:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+@dataclass
+class WorkspaceIndex:
+    """The workspace's files: text on any thread (under ``_lock``), tokens and index on the worker."""
+
+    limits: WorkspaceLimits = field(default_factory=WorkspaceLimits)
+    _texts: dict[Path, str] = field(default_factory=dict)  # what is on disk now, within the limits
+    _stale: set[Path] = field(default_factory=set)  # texts not tokenized since they changed
+    _tokens: dict[Path, np.ndarray] = field(default_factory=dict)  # int32; worker only
+    _version: int = 0  # bumped whenever ``_tokens`` changes
+    _built_version: int = 0  # the ``_version`` the drafter's index was built from
+    _builder: threading.Thread | None = None
+    _drafter: weakref.ref | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _scan_generation: int = 0
+    roots: list[Path] = field(default_factory=list)
+    index_tokens: int = 0
+    index_bytes: int = 0  # the index and the per-file tokens it is rebuilt from
+    scans: int = 0
+
+    # -- any thread ----------------------------------------------------------------------------------
+    def scan(self, roots: Iterable[Path], limits: WorkspaceLimits) -> int:
+        """Walk ``roots`` and replace every text with what is on disk; how many files are kept.
+        Blocking (the file system): run it on a thread of its own. A later scan's result wins
+        over an earlier one still running."""
+        with self._lock:
+            self._scan_generation += 1
+            generation = self._scan_generation
+        roots = [Path(root) for root in roots] if limits.max_bytes > 0 else []
+        found: dict[Path, str] = {}
+        total = 0
+        for path in source_files(roots, limits):
+            text = read_source(path, limits)
+            if text is None or total + len(text) > limits.max_bytes:
+                continue
+            found[path], total = text, total + len(text)
+        with self._lock:
+            if generation != self._scan_generation:
+                return 0
+            self.roots, self.limits = roots, limits
+            self._stale |= {p for p, t in found.items() if self._texts.get(p) != t}
+            self._stale |= self._texts.keys() - found.keys()
+            self._texts = found
+            self.scans += 1
+        log.info("workspace: %d source files, %d KB, under %s", len(found), total >> 10, roots)
+        return len(found)
+
+    def changed(self, paths: Iterable[Path]) -> int:
+        """Files saved, created, changed or deleted: re-read those under a root (blocking: a
+        thread of its own). How many files this changed."""
+        updates: dict[Path, str | None] = {}
+        for path in paths:
+            root = next((root for root in self.roots if path.is_relative_to(root)), None)
+            if root is None or excluded(path, root):
+                continue
+            updates[path] = read_source(path, self.limits) if path.is_file() else None
+        changed = 0
+        with self._lock:
+            for path, text in updates.items():
+                if self._texts.get(path) == text:
+                    continue
+                room = self.limits.max_bytes - self._total_chars() + len(self._texts.get(path, ""))
+                if text is None or len(text) > room:
+                    self._texts.pop(path, None)
+                else:
+                    self._texts[path] = text
+                self._stale.add(path)
+                changed += 1
+        return changed
+
+    def _total_chars(self) -> int:
+        return sum(len(text) for text in self._texts.values())
+
+    @property
+    def pending(self) -> bool:
+        """Whether the worker has files to tokenize or an index to build (for a new model too)."""
+        new_model = self._drafter is None or self._drafter() is None
+        return bool(self._stale) or self._built_version != self._version or new_model
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            files, chars = len(self._texts), self._total_chars()
+        return {
+            "roots": [str(root) for root in self.roots],
+            "files": files,
+            "bytes": chars,
+            "max_bytes": self.limits.max_bytes,
+            "tokens": self.index_tokens,
+            "index_bytes": self.index_bytes,
+            "pending": self.pending,  # files to tokenize or an index to build
+            "scanned": self.scans > 0,
+            **self._drafts(),
+        }
+
+    def _drafts(self) -> dict[str, int]:
+        """How the index's drafts fared (counters the worker bumps; a stale read is harmless)."""
+        ngram = self._drafter() if self._drafter is not None else None
+        names = ("corpus_drafts", "corpus_proposed", "corpus_accepted")
+        return {name.removeprefix("corpus_"): getattr(ngram, name, 0) for name in names}
+
+    # -- worker --------------------------------------------------------------------------------------
+    def sync(
+        self, ngram: Any, encode: Callable[[str], Sequence[int]], should_stop: Callable[[], bool]
+    ) -> bool:
+        """Tokenize changed files and give ``ngram`` a new index once all are; whether it did.
+
+        Stops between files when ``should_stop`` says so; the rest is picked up next time."""
+        if ngram is None:
+            return False
+        if self._drafter is None or self._drafter() is not ngram:  # a new model: its own tokens
+            self._drafter, self._tokens = weakref.ref(ngram), {}
+            self._version += 1
+            with self._lock:
+                self._stale |= self._texts.keys()
+        while not should_stop():
+            with self._lock:
+                path = next(iter(self._stale), None)
+                if path is None:
+                    break
+                self._stale.discard(path)
+                text = self._texts.get(path)
+            if text is None:
+                self._tokens.pop(path, None)
+            else:
+                self._tokens[path] = np.asarray(encode(text), dtype=np.int32)
+            self._version += 1
+        current = self._built_version == self._version
+        if self._stale or current or self._builder is not None or should_stop():
+            return False
+        documents = [self._tokens[path] for path in sorted(self._tokens)]
+        self._builder = threading.Thread(
+            target=self._build, args=(ngram, documents, self._version), name="workspace-index", daemon=True
+        )
+        self._builder.start()
+        return True
+
+    # -- the builder thread ------------------------------------------------------------------------
+    def _build(self, ngram: Any, documents: list[np.ndarray], version: int) -> None:
+        """Build the index and hand it to ``ngram`` (a reference swap its lookups read once)."""
+        from decoding.drafters.corpus import CorpusIndex
+
+        try:
+            index = CorpusIndex(documents)
+            ngram.corpus = index if len(index) else None
+            cached = sum(tokens.nbytes for tokens in documents)  # kept for the next rebuild
+            self.index_tokens, self.index_bytes = len(index), index.nbytes + cached
+        except Exception:  # a bug must not retry forever: logged, and the old index stays
+            log.exception("building the workspace index failed")
+        finally:
+            self._built_version, self._builder = version, None
+
+    def wait_built(self, timeout: float | None = None) -> None:
+        """Wait for a build under way (tests; the server never waits)."""
+        builder = self._builder
+        if builder is not None:
+            builder.join(timeout)
+
+
+def workspace_roots(folders: Iterable[str], root_uri: str | None) -> list[Path]:
+    """Local folders from the workspace folders' URIs, else the root URI (only ``file:`` ones)."""
+    from pygls.uris import to_fs_path, uri_scheme
+
+    uris = list(folders) or ([root_uri] if root_uri else [])
+    roots = []
+    for uri in uris:
+        path = to_fs_path(uri) if uri_scheme(uri) == "file" else None
+        if path and Path(path).is_dir():
+            roots.append(Path(path))
+    return roots
+
+
+def uri_paths(uris: Iterable[str]) -> list[Path]:
+    """Local paths of ``file:`` URIs (others are not in any workspace folder)."""
+    from pygls.uris import to_fs_path, uri_scheme
+
+    paths = (to_fs_path(uri) if uri_scheme(uri) == "file" else None for uri in uris)
+    return [Path(path) for path in paths if path]
