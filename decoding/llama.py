@@ -8,13 +8,13 @@ for rotary on q and k together, two copies into a preallocated cache, two attent
 product for the output, one norm, one product for gate and up together, one for down.
 
 Every row of a pass is computed as it would be alone (the tests check it bit for bit): the
-linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least
-``MIN_ATTENTION_ROWS`` query rows at a time (MKL sums a product of few rows in another order: up
-to 2 rows on one CPU, 3 on an AVX-512 one), reads keys in whole blocks of ``KEY_BLOCK`` and sums
-them block by block in order (MKL splits one long sum by its length), and the causal mask only
-adds exact zeros to a row's sums. That is what makes speculative greedy decoding equal plain
-decoding of this very model, and a cache filled by any mix of prefills, steps and verify passes
-equal to one filled in one pass.
+linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least as many
+query rows at a time as ``attention_row_floor`` finds this CPU needs (MKL sums a product of few
+rows in another order: up to 2 rows on one CPU, 3 on an AVX-512 one), reads keys in whole blocks
+of ``KEY_BLOCK`` and sums them block by block in order (MKL splits one long sum by its length),
+and the causal mask only adds exact zeros to a row's sums. That is what makes speculative greedy
+decoding equal plain decoding of this very model, and a cache filled by any mix of prefills,
+steps and verify passes equal to one filled in one pass.
 
 Weights come from a GGUF file's own quantized blocks (``from_gguf``) or from a transformers
 Llama quantized at load (``from_transformers``). Rotary embeddings act on adjacent pairs, as in
@@ -23,6 +23,8 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +35,15 @@ import torch.nn.functional as F
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
 from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
 
-MIN_ATTENTION_ROWS = 16  # MKL's few-row paths: 1-2 rows on one CPU, 1-3 on an AVX-512 one
+log = logging.getLogger(__name__)
+
+# Attention's few-row products are padded to at most this many rows (``attention_row_floor``
+# finds how many this CPU needs); where the probe finds no floor, this is used and logged.
+MAX_ATTENTION_ROWS = 16
+# Row counts the probe compares with one longer reference pass: every count that may be padded,
+# and longer passes (a verify pass, a prefill chunk).
+PROBE_ROWS = (*range(1, MAX_ATTENTION_ROWS + 1), 24, 32, 64, 128)
+PROBE_REFERENCE_ROWS = 256
 # Attention sums over keys in blocks of this many, in order: MKL splits a longer sum in ways that
 # depend on its length, so a row would not add up the same in a pass that attends to more keys.
 KEY_BLOCK = 256
@@ -177,6 +187,7 @@ class LlamaForward:
         self.rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
         # q's rows also take the attention scale (applied with the rotation), k's rows do not.
         self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
+        self.min_attention_rows = attention_row_floor(shape.kv_heads, shape.head_dim)
 
     @property
     def vocab_size(self) -> int:
@@ -240,7 +251,7 @@ class LlamaForward:
         # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
         q = qk[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(s.kv_heads, s.group * rows, s.head_dim)
-        padded = max(0, MIN_ATTENTION_ROWS - q.shape[1])
+        padded = max(0, self.min_attention_rows - q.shape[1])
         if padded:
             q = torch.cat([q, q[:, :1].expand(-1, padded, -1)], dim=1)
         scores = torch.matmul(q, keys.transpose(1, 2))
@@ -270,6 +281,45 @@ class LlamaForward:
         s = self.shape
         gate, up = layer.gate_up(F.rms_norm(h, (s.dim,), layer.ffn_norm, s.norm_eps)).split(s.ffn, dim=-1)
         return layer.down(F.silu(gate) * up)
+
+
+@functools.cache
+def attention_row_floor(kv_heads: int, head_dim: int) -> int:
+    """The fewest query rows from which each row of the two attention products comes out exactly
+    as in a longer pass on this machine: MKL sums a product of few rows in another order (up to
+    2 rows on one CPU, 3 on an AVX-512 one, found the hard way), so fewer rows are padded.
+
+    Found by trying, once per process (~20 ms): the products of ``LlamaForward._attention``, with
+    its shapes and layouts (queries fresh and contiguous, keys and values a slice of a larger
+    cache), for each row count in ``PROBE_ROWS`` against a pass of ``PROBE_REFERENCE_ROWS``. A
+    fixed padding would be either too small for some CPU (speculative output then differs from
+    plain decoding) or costly everywhere (16 rows where this CPU needs 4: a step ~18% dearer).
+    """
+    generator = torch.Generator().manual_seed(0)
+    spans = (KEY_BLOCK, 2 * KEY_BLOCK, 4 * KEY_BLOCK)
+    capacity = spans[-1] + KEY_BLOCK
+    cache = torch.randn(2, kv_heads, capacity, head_dim, generator=generator)
+    queries = torch.randn(kv_heads, PROBE_REFERENCE_ROWS, head_dim, generator=generator)
+    agrees = dict.fromkeys(PROBE_ROWS, True)
+    for span in spans:
+        keys, values = cache[0, :, :span], cache[1, :, :span]
+        scores = torch.matmul(queries, keys.transpose(1, 2))
+        probs = torch.softmax(scores, dim=-1)
+        weighted = LlamaForward._weighted_values(probs, values)
+        for rows in PROBE_ROWS:
+            few = torch.matmul(queries[:, :rows].contiguous(), keys.transpose(1, 2))
+            few_weighted = LlamaForward._weighted_values(probs[:, :rows].contiguous(), values)
+            same = torch.equal(few, scores[:, :rows]) and torch.equal(few_weighted, weighted[:, :rows])
+            agrees[rows] = agrees[rows] and same
+    if not all(agrees[rows] for rows in PROBE_ROWS if rows >= MAX_ATTENTION_ROWS):
+        log.warning("attention rows differ by the pass's row count on this CPU: outputs may vary")
+        return MAX_ATTENTION_ROWS
+    floor = MAX_ATTENTION_ROWS
+    for rows in range(MAX_ATTENTION_ROWS, 0, -1):
+        if not agrees[rows]:
+            break
+        floor = rows
+    return floor
 
 
 # -- building one ----------------------------------------------------------------------------------

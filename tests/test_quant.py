@@ -14,7 +14,7 @@ from gguf import quants
 
 from decoding.drafters import make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.llama import KVCache, from_transformers
+from decoding.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor, from_transformers
 from decoding.models import LoadedModel
 from decoding.quant.gguf_blocks import decode_tensor, quantize_dense, supports_int4
 from decoding.quant.layers import DenseLinear, Int4Linear, QuantizedHead, linear_for
@@ -229,3 +229,30 @@ def test_the_transformers_peer_refuses_a_model_outside_transformers():
     engine = SpeculativeEngine(lean_loaded(lean(9, 4)))
     with pytest.raises(ValueError, match="quantization"):
         TransformersDecoder(engine)
+
+
+def test_attention_pads_only_as_far_as_this_cpu_needs():
+    """The probe's floor holds on data and spans it did not try (every row count from it up is
+    computed as in a long pass), and is tight (one row fewer is computed otherwise)."""
+    kv_heads, head_dim = 3, 64
+    floor = attention_row_floor(kv_heads, head_dim)
+    assert 1 <= floor <= MAX_ATTENTION_ROWS
+    generator = torch.Generator().manual_seed(7)
+    cache = torch.randn(2, kv_heads, 1536, head_dim, generator=generator)
+    queries = torch.randn(kv_heads, 300, head_dim, generator=generator)
+    differs = []
+    for span in (256, 768, 1280):
+        keys, values = cache[0, :, :span], cache[1, :, :span]
+        scores = torch.matmul(queries, keys.transpose(1, 2))
+        weighted = LlamaForward._weighted_values(torch.softmax(scores, dim=-1), values)
+        for rows in range(max(floor - 1, 1), 41):
+            few = torch.matmul(queries[:, :rows].contiguous(), keys.transpose(1, 2))
+            probs = torch.softmax(few, dim=-1)
+            same = torch.equal(few, scores[:, :rows]) and torch.equal(
+                LlamaForward._weighted_values(probs, values), weighted[:, :rows]
+            )
+            if rows >= floor:
+                assert same, (rows, span, floor)
+            else:
+                differs.append(not same)
+    assert floor == 1 or any(differs)
