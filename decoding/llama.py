@@ -289,11 +289,12 @@ def attention_row_floor(kv_heads: int, head_dim: int) -> int:
     as in a longer pass on this machine: MKL sums a product of few rows in another order (up to
     2 rows on one CPU, 3 on an AVX-512 one, found the hard way), so fewer rows are padded.
 
-    Found by trying, once per process (~20 ms): the products of ``LlamaForward._attention``, with
-    its shapes and layouts (queries fresh and contiguous, keys and values a slice of a larger
-    cache), for each row count in ``PROBE_ROWS`` against a pass of ``PROBE_REFERENCE_ROWS``. A
-    fixed padding would be either too small for some CPU (speculative output then differs from
-    plain decoding) or costly everywhere (16 rows where this CPU needs 4: a step ~18% dearer).
+    Found by trying, once per process and shape (tens of ms): the products of
+    ``LlamaForward._attention``, with its shapes and layouts (queries fresh and contiguous, keys
+    and values a slice of a larger cache), for each row count in ``PROBE_ROWS`` against a pass of
+    ``PROBE_REFERENCE_ROWS``. A fixed padding would be either too small for some CPU (speculative
+    output then differs from plain decoding) or costly everywhere (16 rows where this CPU needs 4:
+    a step ~18% dearer).
     """
     generator = torch.Generator().manual_seed(0)
     spans = (KEY_BLOCK, 2 * KEY_BLOCK, 4 * KEY_BLOCK)

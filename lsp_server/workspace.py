@@ -225,8 +225,9 @@ class WorkspaceIndex:
     def _drafts(self) -> dict[str, int]:
         """How the index's drafts fared (counters the worker bumps; a stale read is harmless)."""
         ngram = self._drafter() if self._drafter is not None else None
-        names = ("corpus_drafts", "corpus_proposed", "corpus_accepted")
-        return {name.removeprefix("corpus_"): getattr(ngram, name, 0) for name in names}
+        counts = getattr(ngram, "corpus_counts", None)
+        names = ("drafts", "proposed", "accepted")
+        return {name: getattr(counts, name, 0) for name in names}
 
     # -- worker --------------------------------------------------------------------------------------
     def sync(

@@ -126,7 +126,8 @@ def run_cases(targets, drafts, drafter_name: str, cases: range) -> dict[str, int
             totals["accepted"] += stats.accepted
         totals["passes"] += result.stats.target_passes
         totals["tokens"] += result.stats.produced_tokens
-        totals["corpus_drafts"] += getattr(drafter, "corpus_drafts", 0)
+        counts = getattr(drafter, "corpus_counts", None)
+        totals["corpus_drafts"] += counts.drafts if counts is not None else 0
     return totals
 
 

@@ -97,7 +97,7 @@ def test_the_drafter_proposes_from_the_corpus_where_the_prompt_has_no_longer_mat
     draft = drafter.propose([1, 2, 40, 41, 42], 4)
     assert draft.origin == "corpus" and draft.tokens and draft.tokens == [43, 44, 45, 46][: len(draft)]
     drafter.observe(draft, 1)
-    assert (drafter.corpus_drafts, drafter.corpus_accepted) == (1, 1)
+    assert (drafter.corpus_counts.drafts, drafter.corpus_counts.accepted) == (1, 1)
 
 
 # -- the workspace folder ------------------------------------------------------------------------------

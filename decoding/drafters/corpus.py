@@ -26,14 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 SEPARATOR = -1  # between documents: no match and no continuation crosses a file boundary
-MAX_MATCH = 64  # as ngram.NgramDrafter.MAX_MATCH: agreement past this tells nothing more
+MAX_MATCH = 64  # the default for ``longest``: the n-gram drafter passes its own
 CANDIDATES = 32  # equally long matches looked at for the one with the longest continuation
 
 
 @dataclass(frozen=True)
 class CorpusMatch:
     tokens: list[int]  # what followed the match (up to the requested length, never past its file)
-    length: int  # how many trailing tokens of the sequence matched (at most MAX_MATCH)
+    length: int  # how many trailing tokens of the sequence matched (at most ``max_match``)
 
 
 class CorpusIndex:
@@ -62,13 +62,16 @@ class CorpusIndex:
     def nbytes(self) -> int:
         return self._reversed.nbytes + self._order.nbytes
 
-    def longest(self, sequence: Sequence[int], max_len: int, min_length: int = 1) -> CorpusMatch | None:
+    def longest(
+        self, sequence: Sequence[int], max_len: int, min_length: int = 1, max_match: int = MAX_MATCH
+    ) -> CorpusMatch | None:
         """The longest match of ``sequence``'s tail (at least ``min_length`` tokens, at most
-        ``MAX_MATCH``) and up to ``max_len`` of the tokens after it; among equally long matches
-        (the first ``CANDIDATES``) the one with the most tokens to propose."""
+        ``max_match``: agreement past it tells nothing more) and up to ``max_len`` of the tokens
+        after it; among equally long matches (the first ``CANDIDATES``) the one with the most
+        tokens to propose."""
         if max_len <= 0 or not len(self._order) or not len(sequence):
             return None
-        query = np.asarray(sequence[-MAX_MATCH:][::-1], dtype=np.int32)
+        query = np.asarray(sequence[-max_match:][::-1], dtype=np.int32)
         at = self._insertion_point(query)
         lengths = {i: self._agreement(query, i) for i in (at - 1, at) if 0 <= i < len(self._order)}
         length = max(lengths.values(), default=0)

@@ -5,7 +5,8 @@ file), and a match costs nothing to find, so this is the drafter that pays on a 
 stream (the live sequence, other open documents, previously accepted completions) has an index
 from n-gram to end positions that is extended as tokens arrive rather than rescanned per step.
 A corpus (``corpus.CorpusIndex``: the workspace's files, too large for these per-stream
-indexes) is consulted last and wins only with a strictly longer match.
+indexes) is consulted last and wins only with a strictly longer match that its own acceptance
+statistics expect to gain more.
 The longest match wins; among equally long ones (or ones both past ``SURE_MATCH`` tokens) the
 one with more tokens to propose, then the live sequence first, then accepted completions, then
 other documents, and within a stream the most recent occurrence.
@@ -29,6 +30,7 @@ from decoding.drafters.base import Draft
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
 from decoding.kv_cache import common_prefix_length
+from decoding.results import DrafterStats
 from decoding.verify import SamplingParams
 
 
@@ -153,7 +155,7 @@ class NgramDrafter:
         # A large read-only source (the workspace's files), swapped whole when it is rebuilt (on
         # another thread: a reference assignment, which lookups read once).
         self.corpus: CorpusIndex | None = None
-        self.corpus_drafts = self.corpus_proposed = self.corpus_accepted = 0
+        self.corpus_counts = DrafterStats()  # the corpus's drafts alone (the engine counts all)
 
     # -- extra sources ---------------------------------------------------------------------------
     def set_source(self, name: str, tokens: Sequence[int]) -> None:
@@ -219,10 +221,10 @@ class NgramDrafter:
         if corpus is None or (found is not None and found.length >= self.SURE_MATCH):
             return found
         shortest = max(self.CORPUS_MIN_MATCH, found.length + 1 if found is not None else 0)
-        match = corpus.longest(tokens, max_len, min_length=shortest)
+        match = corpus.longest(tokens, max_len, min_length=shortest, max_match=self.MAX_MATCH)
         if match is None:
             return found
-        candidate = Match(tokens=match.tokens, length=min(match.length, self.MAX_MATCH), source="corpus")
+        candidate = Match(tokens=match.tokens, length=match.length, source="corpus")
         if found is not None and self.expected_gain(found) >= self.expected_gain(candidate):
             return found
         return candidate
@@ -275,6 +277,6 @@ class NgramDrafter:
     def observe(self, draft: Draft, accepted: int) -> None:
         self.stats_for(draft.origin).update(draft.match_length, accepted, len(draft))
         if draft.origin == "corpus":
-            self.corpus_drafts += 1
-            self.corpus_proposed += len(draft)
-            self.corpus_accepted += accepted
+            self.corpus_counts.drafts += 1
+            self.corpus_counts.proposed += len(draft)
+            self.corpus_counts.accepted += accepted
