@@ -109,6 +109,10 @@ describe('the extension in VS Code (code-server + Chromium), on the real lsp_ser
       // each key), but no word-based list: a suggest widget over the ghost text would take the Tab.
       'editor.wordBasedSuggestions': 'off',
       'workbench.startupEditor': 'none',
+      // VS Code for the Web saves after a delay by default; the desktop default is off. A save
+      // the test did not ask for puts a didSave line into the channel at a random moment, which
+      // can scroll the stats' first line out of the Output panel that a check reads.
+      'files.autoSave': 'off',
       'telemetry.telemetryLevel': 'off',
       'git.enabled': false,
       'extensions.autoCheckUpdates': false,
