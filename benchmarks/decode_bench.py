@@ -55,7 +55,7 @@ import torch
 import transformers
 
 from decoding import GenerationConfig, GenerationResult, LoadedModel, SpeculativeEngine, load_model
-from decoding.drafters import Drafter, make_drafter
+from decoding.drafters import Drafter, load_head_drafter, make_drafter
 from decoding.models import QUANTIZATIONS, check_draft_compatible
 
 log = logging.getLogger("benchmarks.decode_bench")
@@ -89,12 +89,15 @@ class Prompt:
 
 
 def stdlib_files() -> list[tuple[str, Path]]:
-    """Every non-test ``.py`` file of the running interpreter's stdlib, in a stable order."""
+    """Every non-test ``.py`` file of the running interpreter's stdlib that the draft head was not
+    trained on (``decoding.train_head.held_out``), in a stable order."""
+    from decoding.train_head import held_out
+
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
     for path in root.rglob("*.py"):
         rel = path.relative_to(root)
-        if SKIP_DIRS.isdisjoint(rel.parts[:-1]):
+        if SKIP_DIRS.isdisjoint(rel.parts[:-1]) and held_out(rel.as_posix()):
             found.append((rel.as_posix(), path))
     found.sort()
     if not found:
@@ -251,7 +254,13 @@ class Bench:
         self.drafters["ngram"] = make_drafter("ngram", cost=self.engine.cost)
         if draft is not None:
             self.drafters["model"] = make_drafter("model", draft_model=draft, cost=self.engine.cost)
-        self.drafters["auto"] = make_drafter("auto", draft_model=draft, cost=self.engine.cost)
+        cost = self.engine.cost
+        head = load_head_drafter(target, "auto", cost=cost)
+        if head is not None:  # the shipped draft head, alone and inside auto (its own statistics)
+            self.drafters["head"] = make_drafter("head", draft_head=head, cost=cost)
+            self.drafters["auto_no_head"] = make_drafter("auto", draft_model=draft, cost=cost)
+        head = load_head_drafter(target, "auto", cost=cost)
+        self.drafters["auto"] = make_drafter("auto", draft_model=draft, draft_head=head, cost=cost)
         self.peers: dict[str, dict[str, Any]] = {}
         if peers:
             self.peers["hf_greedy"] = {}

@@ -88,11 +88,16 @@ LANGUAGE_IDS = {"python": "python", "javascript": "javascript", "c": "c"}
 
 
 def corpus_files(language: str, root: Path) -> list[tuple[str, Path]]:
+    """The corpus's files; of the stdlib only those the draft head was not trained on."""
+    from decoding.train_head import held_out
+
     found = []
     for path in root.rglob("*"):
         if path.suffix not in SUFFIXES[language] or not path.is_file() or ".min." in path.name:
             continue
         rel = path.relative_to(root)
+        if root == Path(sysconfig.get_paths()["stdlib"]) and not held_out(rel.as_posix()):
+            continue
         if SKIP_DIRS.isdisjoint(rel.parts[:-1]):
             found.append((rel.as_posix(), path))
     found.sort()

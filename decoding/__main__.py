@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from decoding.drafters import DRAFTER_NAMES, make_drafter
+from decoding.drafters import DRAFTER_NAMES, load_head_drafter, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.models import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
 from decoding.results import GenerationResult
@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="default", help="folder, .gguf file, cached hub id or 'default'")
     parser.add_argument("--draft-model", default=None, help="draft model sharing the target's vocabulary")
     parser.add_argument("--drafter", choices=DRAFTER_NAMES, default="auto")
+    parser.add_argument(
+        "--draft-head", default="auto", help="auto (the head shipped for the model), none, or a head's folder"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top-k", type=int, default=0)
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             check_draft_compatible(target, draft)
         engine = SpeculativeEngine(target)
-        drafter = make_drafter(args.drafter, draft_model=draft, cost=engine.cost)
+        head = load_head_drafter(target, args.draft_head, cost=engine.cost)
+        drafter = make_drafter(args.drafter, draft_model=draft, draft_head=head, cost=engine.cost)
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

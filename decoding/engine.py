@@ -225,12 +225,12 @@ class SpeculativeEngine:
         cancel: CancelCheck,
         stats: GenerationStats,
         continuation: bool = True,
-        draft_for: Callable[[], Draft] | None = None,
+        draft_for: Callable[[Any], Draft] | None = None,
     ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
         """The cache holding ``prompt`` (and a draft after it), and the logits from the prompt's
         last token on: one row, plus one per draft token.
 
-        The last chunk carries a draft from ``draft_for`` when given: verifying it there costs a
+        The last chunk carries a draft from ``draft_for(cache)`` when given: verifying it there costs a
         few more rows of a pass that runs anyway, which on a long prompt is nearly free, and where
         the prompt already holds the line being written the whole line can come out of the prefill.
         No logits when the continuation is already known (``borrowed.known``: no pass at all) or
@@ -252,7 +252,7 @@ class SpeculativeEngine:
             draft = Draft()
             if end == len(prompt) and draft_for is not None:
                 with self.cost.riding(end - done):
-                    draft = draft_for()
+                    draft = draft_for(borrowed.cache)
             logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, keep=len(draft) + 1)
             done = end
             if done == len(prompt):
@@ -432,7 +432,7 @@ class SpeculativeEngine:
         healing = run.healing is not None and run.healing.active  # no drafts while text is owed
         draft = Draft()
         if run.drafter is not None and remaining > 1 and not healing:
-            draft = self._propose(run, run.prompt + run.generated, remaining)
+            draft = self._propose(run, run.prompt + run.generated, remaining, run.cache)
         pass_started = time.perf_counter()
         logits = self._forward([run.generated[-1]] + draft.tokens, run.cache)
         unmasked = int(logits[0].argmax()) if healing and run.sampling.greedy else None
@@ -449,9 +449,14 @@ class SpeculativeEngine:
             run.healing.advance(verdict.tokens)
         run.generated.extend(verdict.tokens)
 
-    def _propose(self, run: Run, tokens: list[int], remaining: int) -> Draft:
+    def _propose(self, run: Run, tokens: list[int], remaining: int, cache: Any) -> Draft:
+        """The drafter's proposal after ``tokens``; a drafter that reads the target's state (a
+        draft head) is shown the cache first, which holds every token but the newest."""
         assert run.drafter is not None
         started = time.perf_counter()
+        attach = getattr(run.drafter, "attach", None)
+        if attach is not None:
+            attach(cache)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
         run.stats.draft_ms += (time.perf_counter() - started) * 1000
         return draft

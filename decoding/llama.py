@@ -136,6 +136,9 @@ class KVCache:
         self.length = 0
         self.keys = self._buffer(max(capacity, self.SPARE))
         self.values = self._buffer(max(capacity, self.SPARE))
+        # The last layer's output after the final norm at every position: what a draft head
+        # (``decoding/head.py``) reads. 1/40 of the keys' and values' size.
+        self.hidden = torch.zeros(self.capacity, shape.dim)
 
     def _buffer(self, capacity: int) -> torch.Tensor:
         s = self.shape
@@ -155,6 +158,9 @@ class KVCache:
             grown = self._buffer(capacity)
             grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
             setattr(self, name, grown)
+        hidden = torch.zeros(capacity, self.shape.dim)
+        hidden[: self.length] = self.hidden[: self.length]
+        self.hidden = hidden
 
     def get_seq_length(self) -> int:
         return self.length
@@ -164,7 +170,7 @@ class KVCache:
         self.length = max(0, self.length + n) if n < 0 else min(self.length, n)
 
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        return self.keys.nbytes + self.values.nbytes + self.hidden.nbytes
 
 
 class LlamaForward:
@@ -223,9 +229,9 @@ class LlamaForward:
             h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
             h = h + self._feed_forward(layer, h)
         cache.length = end
-        if keep:
-            h = h[-keep:]
-        return self.head(F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps))
+        normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
+        cache.hidden[start:end] = normed
+        return self.head(normed[-keep:] if keep else normed)
 
     def _attention(
         self,

@@ -239,7 +239,7 @@ def _converted_gguf(path: Path, dtype: torch.dtype, trust_remote_code: bool):
     return model.to(dtype), tokenizer
 
 
-def _hub_cache_folder(model_id: str) -> Path:
+def hub_cache_folder(model_id: str) -> Path:
     """The snapshot folder of a hub id in the local cache, or a clear error; never downloads."""
     try:
         from huggingface_hub import snapshot_download
@@ -403,7 +403,7 @@ def load_model(
         raise ModelLoadError(f"model path not found: {path}")
     else:
         model, tokenizer = _from_folder(
-            _hub_cache_folder(spec),
+            hub_cache_folder(spec),
             gguf_file=None,
             dtype=torch_dtype,
             trust_remote_code=trust_remote_code,

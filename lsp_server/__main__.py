@@ -119,6 +119,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--drafter", choices=DRAFTER_NAMES, help="draft source (default: auto)")
     parser.add_argument(
+        "--draft-head",
+        type=setting("draft_head"),
+        help="auto (the head shipped for the model), none, or a draft head's folder or hub id",
+    )
+    parser.add_argument(
         "--device", type=setting("device"), help="auto, cpu, cuda, cuda:N, mps (default: auto)"
     )
     parser.add_argument(
@@ -224,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         draft_model=args.draft_model,
         drafter=args.drafter,
+        draft_head=args.draft_head,
         device=args.device,
         dtype=args.dtype,
         quantization=args.quantization,

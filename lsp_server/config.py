@@ -22,7 +22,7 @@ from lsp_server.context import is_fim_setting
 from lsp_server.ending import MULTILINE_MODES
 
 SECTION = "lspServer"
-DRAFTER_NAMES = ("none", "ngram", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
+DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
@@ -37,6 +37,7 @@ class Settings:
 
     model: str = "default"
     draft_model: str | None = None
+    draft_head: str = "auto"  # auto: the head shipped for the model, if any; none; a folder or hub id
     drafter: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
@@ -78,7 +79,7 @@ class Settings:
                 self.ca_bundle,
                 self.allow_insecure_endpoint,
             )
-        return (self.model, self.draft_model, self.device, self.dtype, self.quantization)
+        return (self.model, self.draft_model, self.draft_head, self.device, self.dtype, self.quantization)
 
     def to_lsp(self) -> dict[str, Any]:
         return {_CAMEL[f.name]: getattr(self, f.name) for f in fields(self)}
@@ -177,6 +178,7 @@ def _fim_template(value: Any) -> str:
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "model": _string,
     "draft_model": _optional_string,
+    "draft_head": _string,
     "drafter": _choice(DRAFTER_NAMES),
     "device": _device,
     "dtype": _choice(DTYPE_NAMES),
@@ -282,6 +284,7 @@ def from_cli(
     model: str | None = None,
     draft_model: str | None = None,
     drafter: str | None = None,
+    draft_head: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
     quantization: str | None = None,
@@ -293,6 +296,7 @@ def from_cli(
         "model": model,
         "draftModel": draft_model,
         "drafter": drafter,
+        "draftHead": draft_head,
         "device": device,
         "dtype": dtype,
         "quantization": quantization,

@@ -36,7 +36,7 @@ from lsp_server.sources import DocumentSnapshot, DraftSources
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine
-    from decoding.drafters import Drafter, NgramDrafter
+    from decoding.drafters import Drafter, HeadDrafter, NgramDrafter
     from decoding.kv_cache import Chain
     from decoding.transformers_peer import TransformersDecoder
     from lsp_server.remote.health import Notice
@@ -60,6 +60,7 @@ class Runtime:
     drafter: Drafter | None
     drafter_name: str
     draft_model: LoadedModel | None
+    draft_head: HeadDrafter | None
     tokens: Tokens  # the target's tokenizer, for building prompts
     session_cache_bytes: int = 0
     _peer: TransformersDecoder | None = None  # built on first use
@@ -119,9 +120,14 @@ class Runtime:
         if name != self.drafter_name:
             from decoding.drafters import make_drafter
 
+            build = name
+            if name == "head" and self.draft_head is None:
+                log.warning("drafter 'head': no draft head for this model (draftHead); using auto")
+                build = "auto"
             self.drafter = make_drafter(
-                name,
+                build,
                 draft_model=self.draft_model,
+                draft_head=self.draft_head,
                 cost=self.engine.cost,
                 session_cache_bytes=self.session_cache_bytes,
             )
@@ -151,6 +157,7 @@ class ModelState:
     device: str | None = None
     dtype: str | None = None
     quantization: str | None = None  # "none", or the weights' formats (a GGUF's block types, int4, int8)
+    draft_head: str | None = None  # the draft head's folder, if one was loaded
     error: str | None = None
     load_ms: float | None = None
     engine: str = "local"  # "remote": decoded by the inference server at ``source``
@@ -165,6 +172,7 @@ class ModelState:
             "device": self.device,
             "dtype": self.dtype,
             "quantization": self.quantization,
+            "draft_head": self.draft_head,
             "error": self.error,
             "load_ms": self.load_ms,
         }
@@ -201,7 +209,7 @@ def load_runtime(settings: Settings) -> Runtime:
     from transformers.utils import logging as hf_logging
 
     from decoding import SpeculativeEngine, load_model
-    from decoding.drafters import make_drafter
+    from decoding.drafters import load_head_drafter, make_drafter
     from decoding.models import check_draft_compatible, give_back_freed_memory
 
     hf_logging.disable_progress_bar()  # its bars would only add noise to the server's stderr
@@ -221,8 +229,13 @@ def load_runtime(settings: Settings) -> Runtime:
 
     engine = SpeculativeEngine(target, prefix_cache=PrefixCache(settings.kv_cache_mb * MB))
     session_bytes = settings.kv_cache_mb * MB if draft is not None else 0
+    head = load_head_drafter(target, settings.draft_head, cost=engine.cost)
     drafter = make_drafter(
-        settings.drafter, draft_model=draft, cost=engine.cost, session_cache_bytes=session_bytes
+        settings.drafter if settings.drafter != "head" or head is not None else "auto",
+        draft_model=draft,
+        draft_head=head,
+        cost=engine.cost,
+        session_cache_bytes=session_bytes,
     )
     engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
     tokens = Tokens.for_engine(engine)
@@ -232,6 +245,7 @@ def load_runtime(settings: Settings) -> Runtime:
         drafter=drafter,
         drafter_name=settings.drafter,
         draft_model=draft,
+        draft_head=head,
         session_cache_bytes=session_bytes,
         tokens=tokens,
     )
@@ -270,6 +284,7 @@ def _ready_state(runtime: EngineRuntime, spec: str, load_ms: float) -> ModelStat
             device=str(target.device),
             dtype=str(target.dtype).removeprefix("torch."),
             quantization=target.quantization,
+            draft_head=runtime.draft_head.folder if runtime.draft_head is not None else None,
             load_ms=load_ms,
         )
     remote: RemoteRuntime = runtime  # type: ignore[assignment]

@@ -161,7 +161,7 @@ def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
     again = forward(tokens[-10:], cache)
     assert torch.equal(again, logits[-10:])
     cache.crop(5)
-    assert cache.get_seq_length() == 5 and cache.nbytes() == cache.keys.nbytes * 2
+    assert cache.get_seq_length() == 5 and cache.nbytes() == cache.keys.nbytes * 2 + cache.hidden.nbytes
 
 
 def lean_loaded(forward, eos: int | None = None) -> LoadedModel:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.drafters import make_drafter
+from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.models import ModelLoadError, check_draft_compatible, load_model
 
@@ -64,10 +64,14 @@ def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(
     target = default_model if weights == "quantized" else fp32_model
     assert (target.model is None) == (weights == "quantized")
     engine = SpeculativeEngine(target)
+    head = load_head_drafter(target, "auto", cost=engine.cost)  # the shipped head; none for fp32
+    assert (head is None) == (weights == "fp32")
     drafters = {
-        name: make_drafter(name, draft_model=bf16_draft, cost=engine.cost)
+        name: make_drafter(name, draft_model=bf16_draft, draft_head=head, cost=engine.cost)
         for name in ("ngram", "model", "auto")
     }
+    if head is not None:
+        drafters["head"] = make_drafter("head", draft_head=head, cost=engine.cost)
     config = GenerationConfig(max_new_tokens=20, stop_at_newline=True)
     drafted = dict.fromkeys(drafters, 0)
     for prompt in stdlib_prompts(20):
@@ -79,7 +83,7 @@ def test_every_drafter_reproduces_plain_greedy_on_20_real_code_prompts(
             assert result.token_ids == plain.token_ids, f"{name} differs on {prompt[-60:]!r}"
             assert result.text == plain.text
             drafted[name] += sum(s.proposed for s in result.stats.drafters.values())
-    assert drafted["ngram"] > 0 and drafted["model"] > 0
+    assert drafted["ngram"] > 0 and drafted["model"] > 0 and drafted.get("head", 1) > 0
 
 
 def test_ngram_gets_several_tokens_per_pass_where_the_code_repeats(default_model):

@@ -51,5 +51,6 @@ async def test_stats_have_numbers(client):
     assert model["loaded"] and model["source"].endswith(".gguf") and model["device"] == "cpu"
     assert model["dtype"] == "float32" and model["error"] is None
     assert model["quantization"] == "F32+Q4_1+Q8_0"  # the GGUF's own blocks, by default
+    assert model["draft_head"].endswith("smollm2-135m-instruct")  # the head shipped for it
     for per in stats["drafters"].values():
         assert per["proposed"] >= per["accepted"] >= 0

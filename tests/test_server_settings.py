@@ -110,6 +110,14 @@ async def test_changing_the_model_reloads_it_with_progress_and_a_failure_is_show
     assert "could not load model '/nowhere/model'" in error.message and "not found" in error.message
     assert (await h.inline(client, 1, 65, uri=DOC_URI)).items == ()  # up, and answering empty
 
+    await h.configure(client, {"model": first, "draftHead": "/nowhere/head"})  # a head needs the lean forward
+    current = await h.wait_model(client, statuses=("failed",))
+    assert "draft head needs the quantized lean forward" in current["model"]["error"]
+
+    await h.configure(client, {"model": first, "drafter": "head"})  # no head for it: auto instead
+    current = await h.wait_model(client)
+    assert current["model"]["source"] == first and current["model"]["draft_head"] is None
+    assert (await h.inline(client, 1, 65, uri=DOC_URI)).items
     await h.configure(client, {"model": first})
     assert (await h.wait_model(client))["model"]["source"] == first
     assert (await h.inline(client, 1, 65, uri=DOC_URI)).items

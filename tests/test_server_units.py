@@ -106,6 +106,7 @@ def test_to_lsp_uses_the_documented_names():
     assert set(config.Settings().to_lsp()) == {
         "model",
         "draftModel",
+        "draftHead",
         "drafter",
         "device",
         "dtype",

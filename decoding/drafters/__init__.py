@@ -4,29 +4,37 @@ from __future__ import annotations
 
 from decoding.drafters.auto import AutoDrafter
 from decoding.drafters.base import Draft, Drafter
+from decoding.drafters.head import HeadDrafter, load_head_drafter
 from decoding.drafters.length import CostModel
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter
 from decoding.models import LoadedModel
 
-DRAFTER_NAMES = ("none", "ngram", "model", "auto")
+DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")
 
 
 def make_drafter(
     name: str,
     *,
     draft_model: LoadedModel | None = None,
+    draft_head: HeadDrafter | None = None,
     cost: CostModel | None = None,
     max_draft: int = 16,
     session_cache_bytes: int = 0,
 ) -> Drafter | None:
-    """``none`` gives None (plain decoding); ``model`` needs ``draft_model``.
+    """``none`` gives None (plain decoding); ``model`` needs ``draft_model``, ``head`` a
+    ``draft_head``; ``auto`` chooses among whichever of them it is given and the n-gram source.
 
     ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only)."""
     if name == "none":
         return None
     if name == "ngram":
         return NgramDrafter(max_draft=max_draft, cost=cost)
+    if name == "head":
+        if draft_head is None:
+            raise ValueError("the 'head' drafter needs a draft head for this model (draftHead)")
+        draft_head.cost = cost or draft_head.cost
+        return draft_head
     if name == "model":
         if draft_model is None:
             raise ValueError("the 'model' drafter needs a draft model (--draft-model)")
@@ -39,7 +47,7 @@ def make_drafter(
             model = ModelDrafter(
                 draft_model, max_draft=max_draft, cost=cost, session_cache_bytes=session_cache_bytes
             )
-        return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost)
+        return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost, head=draft_head)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
 
 
@@ -49,7 +57,9 @@ __all__ = [
     "CostModel",
     "Draft",
     "Drafter",
+    "HeadDrafter",
     "ModelDrafter",
     "NgramDrafter",
+    "load_head_drafter",
     "make_drafter",
 ]

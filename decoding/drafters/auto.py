@@ -1,6 +1,7 @@
-"""Choose per step between the n-gram source, the draft model, and not speculating at all.
+"""Choose per step between the n-gram source, the draft head, the draft model, and not speculating.
 
-An n-gram match is free to find; the draft model costs a forward pass per token. Each candidate
+An n-gram match is free to find; the draft head costs a few hundredths of a target step per
+token, the draft model a forward pass of its own. Each candidate
 is scored by its expected speed-up (see ``length.py``) from its own acceptance history and the
 measured verification cost; the best one is used only if that speed-up exceeds 1, because a
 rejected draft costs more than the plain step it replaces. Buckets that are switched off are
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from decoding.drafters.base import Draft
+from decoding.drafters.head import HeadDrafter
 from decoding.drafters.length import CostModel, best_draft_length
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter
@@ -26,13 +28,17 @@ class AutoDrafter:
     PROBE_EVERY = 32  # skipped opportunities between exploratory drafts of a gated-off source
 
     def __init__(
-        self, ngram: NgramDrafter, model: ModelDrafter | None = None, cost: CostModel | None = None
+        self,
+        ngram: NgramDrafter,
+        model: ModelDrafter | None = None,
+        cost: CostModel | None = None,
+        head: HeadDrafter | None = None,
     ) -> None:
         self.cost = cost or ngram.cost
-        self.ngram, self.model = ngram, model
-        self.ngram.cost = self.cost
-        if model is not None:
-            model.cost = self.cost
+        self.ngram, self.model, self.head = ngram, model, head
+        for drafter in (ngram, model, head):
+            if drafter is not None:
+                drafter.cost = self.cost
         self._skipped: dict[str, int] = {}
 
     def begin(
@@ -42,14 +48,19 @@ class AutoDrafter:
         generator: torch.Generator | None,
         session: str | None = None,
     ) -> None:
-        self.ngram.begin(prompt, sampling, generator, session)
-        if self.model is not None:
-            self.model.begin(prompt, sampling, generator, session)
+        for drafter in self._drafters():
+            drafter.begin(prompt, sampling, generator, session)
 
     def forget(self, session: str) -> None:
-        self.ngram.forget(session)
-        if self.model is not None:
-            self.model.forget(session)
+        for drafter in self._drafters():
+            drafter.forget(session)
+
+    def attach(self, target_cache) -> None:
+        if self.head is not None:
+            self.head.attach(target_cache)
+
+    def _drafters(self) -> list:
+        return [d for d in (self.ngram, self.model, self.head) if d is not None]
 
     def _probe(self, key: str) -> bool:
         self._skipped[key] = self._skipped.get(key, 0) + 1
@@ -84,9 +95,21 @@ class AutoDrafter:
             )
             if gain >= self.MIN_GAIN or (behind <= self.model.max_draft and self._probe("model")):
                 candidates.append((gain, "model", k))
+        if self.head is not None and max_len > 0 and self.head.usable(tokens):
+            k, gain = best_draft_length(
+                self.head.stats.alpha(),
+                min(max_len, self.head.max_draft),
+                self.cost,
+                draft_cost=self.head.relative_cost,
+            )
+            if gain >= self.MIN_GAIN or self._probe("head"):
+                candidates.append((gain, "head", k))
         if not candidates:
             return Draft(source=self.name)
         _, source, k = max(candidates)
+        if source == "head":
+            assert self.head is not None
+            return self.head.propose_exactly(tokens, k)
         if source == "ngram":
             assert match is not None
             return Draft(
@@ -100,3 +123,5 @@ class AutoDrafter:
             self.ngram.observe(draft, accepted)
         elif draft.source == "model" and self.model is not None:
             self.model.observe(draft, accepted)
+        elif draft.source == "head" and self.head is not None:
+            self.head.observe(draft, accepted)

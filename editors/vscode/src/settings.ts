@@ -10,6 +10,7 @@ export const SECTION = 'lspServer';
 export const SERVER_KEYS = [
   'model',
   'draftModel',
+  'draftHead',
   'drafter',
   'device',
   'dtype',

@@ -1,0 +1,237 @@
+"""Drafts from a draft head (``decoding/head.py``) reading the target's own hidden states.
+
+The head's entries mirror the target's cache: entry j reads the target's hidden state f_j and
+token j+1, so once the target has fed position j the entry can be computed for good. Between
+proposals the drafter keeps those "true" entries (a few KB per token) and compares token lists to
+find which still hold, as the draft model does; each proposal computes the missing true entries
+in one pass, then chains speculative ones (its own estimate standing in for f) over any tokens
+the target has not fed yet and over the tokens it drafts, and crops them off again.
+
+The head attends over at most ``WINDOW`` entries back from where it was last restarted, the
+length it was trained on; past twice that it restarts from the last ``WINDOW`` positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+
+from decoding.drafters.base import Draft
+from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.head import DraftHead, HeadCache, load_head, output_rows, shipped_head, target_fingerprint
+from decoding.kv_cache import common_prefix_length
+from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
+from decoding.verify import SamplingParams, sample, sampling_probs
+
+log = logging.getLogger(__name__)
+
+Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
+
+
+class HeadDrafter:
+    name = "head"
+    WINDOW = 256
+    # Tokens the target has not fed yet that the head may chain over before drafting (a draft
+    # riding on a short prefill); past this it waits for the target's own hidden states.
+    MAX_UNFED = 4
+
+    def __init__(
+        self,
+        head: DraftHead,
+        embed: Embed,
+        output_rows: torch.Tensor,
+        vocab_size: int,
+        eos: set[int],
+        max_draft: int = 8,
+        cost: CostModel | None = None,
+    ) -> None:
+        """``output_rows``: the target's output layer's rows for ``head.vocab`` (all rows when the
+        head scores the whole vocabulary), (len(vocab) or vocab_size, dim) fp32."""
+        self.head, self.embed, self.output_rows = head, embed, output_rows
+        self.folder = ""  # where the head was loaded from, for logs and stats
+        self.vocab_size, self.eos = vocab_size, eos
+        self.max_draft = max_draft
+        self.cost = cost or CostModel.for_device("cpu")
+        self.stats = AcceptanceStats(priors={0: 0.5})
+        self.step_ms: float | None = None  # EMA of one chained head step, scoring included
+        self._sampling = SamplingParams()
+        self._generator: torch.Generator | None = None
+        # The target's cache (``hidden`` and ``length``), weakly: a cache the prefix store evicts
+        # must not live on here.
+        self._target: weakref.ref | None = None
+        self._cache = HeadCache()
+        self._tokens: list[int] = []  # the tokens the true entries were computed from
+        self._base = 0  # the position of the head cache's first entry
+
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
+        self._sampling, self._generator = sampling, generator
+
+    def attach(self, target_cache: Any) -> None:
+        """The target's cache this generation feeds: its ``hidden`` rows are the head's input."""
+        self._target = weakref.ref(target_cache) if target_cache is not None else None
+
+    @property
+    def _cache_of_target(self) -> Any:
+        return self._target() if self._target is not None else None
+
+    def forget(self, session: str) -> None:
+        """Nothing per session: entries are recomputed from the target's cache when tokens differ."""
+
+    @property
+    def relative_cost(self) -> float:
+        target = self.cost.step_ms
+        return self.step_ms / target if (self.step_ms and target) else 0.05
+
+    def usable(self, tokens: Sequence[int]) -> bool:
+        """Whether the target's cache holds enough of ``tokens`` to draft after them."""
+        fed = self._fed(tokens)
+        return fed > 0 and len(tokens) - 1 - fed <= self.MAX_UNFED
+
+    def _fed(self, tokens: Sequence[int]) -> int:
+        target = self._cache_of_target
+        if getattr(target, "hidden", None) is None:
+            return 0
+        return min(int(target.length), len(tokens) - 1)
+
+    # -- the head's entries -------------------------------------------------------------------------
+    def _step(self, features: torch.Tensor, tokens: Sequence[int], first: int) -> torch.Tensor:
+        """Entries ``first`` .. for ``features`` (rows, dim) and their next ``tokens``; their g."""
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        rows = len(ids)
+        positions = torch.arange(first - self._base, first - self._base + rows)
+        mask = None
+        past = self._cache.length
+        if rows > 1 or past:
+            mask = torch.ones(rows, past + rows, dtype=torch.bool).tril_(past)
+        g = self.head(features[None], self.embed(ids)[None], positions, mask, self._cache)
+        return g[0]
+
+    def _sync(self, tokens: Sequence[int], fed: int) -> torch.Tensor:
+        """True entries up to ``fed - 1`` (entry j reads f_j and token j+1); the last one's g."""
+        valid = min(common_prefix_length(self._tokens, tokens) - 1, fed) - self._base
+        valid = min(valid, self._cache.length)
+        if valid <= 0 or fed - (self._base + valid) > self.WINDOW or self._cache.length > 2 * self.WINDOW:
+            self._cache, self._base, valid = HeadCache(), max(0, fed - self.WINDOW), 0
+        start = self._base + max(valid, 0)
+        if start == fed:  # every entry still holds: recompute the last one for its g
+            start, valid = fed - 1, valid - 1
+        self._cache.crop(valid)
+        features = self._cache_of_target.hidden[start:fed]
+        g = self._step(features, tokens[start + 1 : fed + 1], start)
+        self._tokens = list(tokens[: fed + 1])
+        return g[-1]
+
+    def _choose(self, g: torch.Tensor, rows: list[torch.Tensor]) -> int:
+        """The draft token after g: greedy over the head's tokens, or sampled from the
+        full-vocabulary distribution they make (every other token -inf), which goes to ``rows``."""
+        scores = self.output_rows @ g
+        vocab = self.head.vocab
+        if self._sampling.greedy:
+            best = int(scores.argmax())
+            return int(vocab[best]) if len(vocab) else best
+        logits = scores
+        if len(vocab):
+            logits = torch.full((self.vocab_size,), float("-inf"))
+            logits[vocab] = scores
+        q = sampling_probs(logits, self._sampling)
+        rows.append(q)
+        return sample(q, self._generator)
+
+    # -- proposing ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:
+        """Draft ``k`` tokens (fewer at an end-of-text token); empty when the target's cache does
+        not hold enough of ``tokens`` (``usable``)."""
+        if k <= 0 or not self.usable(tokens):
+            return Draft(source=self.name)
+        fed = self._fed(tokens)
+        g = self._sync(tokens, fed)
+        true_entries = self._cache.length
+        started = time.perf_counter()
+        for j in range(fed, len(tokens) - 1):  # tokens the target has not fed: chain over them
+            g = self._step(g[None], [tokens[j + 1]], j)[-1]
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            token = self._choose(g, rows)
+            drafted.append(token)
+            if i == k - 1 or token in self.eos:
+                break
+            g = self._step(g[None], [token], len(tokens) - 1 + i)[-1]
+        self._cache.crop(true_entries)
+        steps = len(tokens) - 1 - fed + len(drafted)
+        ms = (time.perf_counter() - started) * 1000 / max(1, steps)
+        self.step_ms = ms if self.step_ms is None else self.step_ms + 0.2 * (ms - self.step_ms)
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens=drafted, probs=probs, source=self.name)
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        k, _ = best_draft_length(
+            self.stats.alpha(), min(max_len, self.max_draft), self.cost, draft_cost=self.relative_cost
+        )
+        return self.propose_exactly(tokens, k)
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        self.stats.update(0, accepted, len(draft))
+
+
+def load_head_drafter(
+    target: LoadedModel, spec: str = "auto", max_draft: int = 8, cost: CostModel | None = None
+) -> HeadDrafter | None:
+    """The head named by ``spec`` for ``target``: ``auto`` is the shipped head trained for this
+    very target if there is one, ``none`` no head, anything else a folder (or its weights file) or
+    a hub id in the local Hugging Face cache. A head that does not fit the target is refused with
+    a ValueError meant for the user."""
+    if spec == "none":
+        return None
+    mark = target_fingerprint(target.forward)
+    if mark is None:
+        if spec == "auto":
+            return None
+        raise ValueError("a draft head needs the quantized lean forward (a Llama-family GGUF, or int4/int8)")
+    folder = shipped_head(mark) if spec == "auto" else _head_folder(spec)
+    if folder is None:
+        return None
+    try:
+        head = load_head(folder)
+    except (OSError, KeyError, TypeError, ValueError, SafetensorError) as exc:
+        raise ValueError(f"draft head {spec}: cannot be read ({exc})") from exc
+    if head.config.target and head.config.target != mark:
+        raise ValueError(f"draft head {folder} was trained for another model ({head.config.target})")
+    if head.config.dim != target.forward.shape.dim:
+        raise ValueError(
+            f"draft head {folder} has width {head.config.dim}, the model {target.forward.shape.dim}"
+        )
+    ids = head.vocab if len(head.vocab) else torch.arange(target.vocab_size)
+    rows = output_rows(target.forward, ids)
+    log.info("draft head %s (%d tokens scored)", folder, len(ids))
+    drafter = HeadDrafter(
+        head, target.forward.embed, rows, target.vocab_size, target.eos_token_ids, max_draft, cost
+    )
+    drafter.folder = str(folder)
+    return drafter
+
+
+def _head_folder(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    try:
+        return hub_cache_folder(spec)
+    except ModelLoadError as exc:
+        raise ValueError(f"draft head not found: {spec}") from exc

@@ -1,0 +1,388 @@
+"""``python -m decoding.train_head``: train a draft head (``decoding/head.py``) for a target model.
+
+1. **Corpus**: the Python standard library's sources by default, split by file: a file is held out
+   (``held_out``) when a hash of its path falls in the last tenth, and the project's benchmarks
+   measure only held-out files. ``--corpus DIR`` trains on another folder of source files.
+2. **Features**: the target's hidden states over sequences of ``--sequence`` tokens, computed with
+   the target's own forward (the quantized one the server runs) and cached on disk in shards, so
+   an interrupted run resumes where it stopped.
+3. **Training**: the head reads f_j and token j+1 and regresses f_{j+1} (smooth L1) while its
+   scores over the head's vocabulary match the target's own distribution there (cross-entropy
+   against the softmax of the target's output layer on f_{j+1}); ``--depth`` chained passes train
+   it on its own estimates as inputs, as drafting uses it (``chain_mask``). A checkpoint after
+   every epoch; a rerun resumes from the last one.
+4. **Report**: agreement with the target's greedy choice per draft position on held-out files,
+   and the tokens per target pass it implies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from decoding.head import (
+    DraftHead,
+    HeadConfig,
+    chain_mask,
+    expected_tokens_per_pass,
+    load_head,
+    output_rows,
+    target_fingerprint,
+)
+from decoding.models import LoadedModel, cache_root, load_model
+
+log = logging.getLogger("decoding.train_head")
+
+SHARD_SEQUENCES = 32
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def held_out(relative: str) -> bool:
+    """Whether a corpus file (its path relative to the corpus root) is held out of training."""
+    return hashlib.sha256(relative.replace("\\", "/").encode()).digest()[0] % 10 == 0
+
+
+def corpus_files(root: Path, *, holdout: bool) -> list[Path]:
+    """The corpus's Python files on one side of the split, in a stable order."""
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if skip.isdisjoint(path.parts) and held_out(relative) == holdout:
+            files.append(path)
+    return files
+
+
+# -- the target --------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    """What training reads of the target: its forward, embedding and output rows."""
+
+    model: LoadedModel
+    fingerprint: str
+
+    @classmethod
+    def load(cls, spec: str, quantization: str = "auto") -> Target:
+        model = load_model(spec, device="cpu", quantization=quantization)
+        forward = model.forward
+        if target_fingerprint(forward) is None:
+            raise SystemExit(
+                f"{spec}: a draft head needs the lean forward (a Llama-family GGUF or int4/int8)"
+            )
+        return cls(model, target_fingerprint(forward))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.forward.embed(ids.reshape(-1)).reshape(*ids.shape, -1)
+
+    def hidden(self, tokens: list[int]) -> torch.Tensor:
+        cache = self.model.forward.new_cache()
+        self.model.forward(tokens, cache, keep=1)
+        return cache.hidden[: len(tokens)].clone()
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's own greedy next token after each hidden state (its full output layer)."""
+        return torch.cat([self.model.forward.head(chunk).argmax(-1) for chunk in hidden.split(256)])
+
+
+# -- features ----------------------------------------------------------------------------------------
+def token_stream(target: Target, files: list[Path], seed: int) -> Iterator[int]:
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    for path in order:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        yield from target.encode(text + "\n")
+
+
+def sequences(target: Target, files: list[Path], length: int, limit: int, seed: int) -> Iterator[list[int]]:
+    chunk: list[int] = []
+    made = 0
+    for token in token_stream(target, files, seed):
+        chunk.append(token)
+        if len(chunk) == length:
+            yield chunk
+            chunk, made = [], made + length
+            if made >= limit:
+                return
+
+
+def extract(
+    target: Target, files: list[Path], folder: Path, length: int, limit: int, seed: int
+) -> list[Path]:
+    """Shards of (tokens, hidden) under ``folder``; shards already there are kept."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shards: list[Path] = []
+    batch: list[tuple[list[int], torch.Tensor]] = []
+
+    def flush(shard: Path) -> None:
+        ids = torch.tensor([t for t, _ in batch], dtype=torch.int32)
+        hidden = torch.stack([h for _, h in batch]).half()
+        save_file({"tokens": ids, "hidden": hidden}, str(shard.with_suffix(".tmp")))
+        shard.with_suffix(".tmp").rename(shard)
+        shards.append(shard)
+        batch.clear()
+
+    bar = tqdm(total=limit // length, desc=f"features {folder.name}", unit="seq", file=sys.stderr)
+    shard = folder / "shard_00000.safetensors"
+    for index, tokens in enumerate(sequences(target, files, length, limit, seed)):
+        shard = folder / f"shard_{index // SHARD_SEQUENCES:05d}.safetensors"
+        if shard.exists():
+            if index % SHARD_SEQUENCES == 0:
+                shards.append(shard)
+        else:
+            batch.append((tokens, target.hidden(tokens)))
+            if len(batch) == SHARD_SEQUENCES:
+                flush(shard)
+        bar.update(1)
+    if batch:
+        flush(shard)
+    bar.close()
+    return shards
+
+
+def frequent_tokens(shards: list[Path], size: int, vocab: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training shards, ascending ids."""
+    from safetensors.torch import load_file
+
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for shard in shards:
+        counts += torch.bincount(load_file(str(shard))["tokens"].long().reshape(-1), minlength=vocab)
+    return torch.topk(counts, min(size, vocab)).indices.sort().values
+
+
+# -- training ----------------------------------------------------------------------------------------
+def chain_outputs(
+    head: DraftHead, hidden: torch.Tensor, embeds: torch.Tensor, depth: int, noise: float = 0.0
+) -> list[torch.Tensor]:
+    """g of ``depth`` chained passes over a batch: pass d's entry j reads pass d-1's g at j-1.
+
+    hidden: (batch, rows + 1, dim) the target's states; embeds: (batch, rows, dim) of tokens 1..;
+    each result: (batch, rows, dim), entry j an estimate of hidden[:, j + 1]."""
+    from decoding.head import HeadCache, positions_for
+
+    rows = embeds.shape[1]
+    mask = chain_mask(rows, depth)
+    positions = positions_for(rows, 1)
+    cache = HeadCache()
+    features = hidden[:, :-1]
+    if noise:
+        features = features + noise * torch.randn_like(features)
+    outputs = []
+    for d in range(depth):
+        g = head(features, embeds, positions, mask[d * rows : (d + 1) * rows, : (d + 1) * rows], cache)
+        outputs.append(g)
+        features = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)
+    return outputs
+
+
+def chain_loss(
+    head: DraftHead, hidden, embeds, rows_out: torch.Tensor, depth: int, noise: float, ce_weight: float = 1.0
+):
+    """Smooth L1 to the next hidden state + ``ce_weight`` x cross-entropy against the target's distribution
+    over the head's vocabulary, averaged over the chain's passes (entries with a true start only)."""
+    target = hidden[:, 1:]
+    with torch.no_grad():
+        p = torch.softmax(target @ rows_out.T, dim=-1)
+    total = torch.zeros(())
+    for d, g in enumerate(chain_outputs(head, hidden, embeds, depth, noise)):
+        g, want, pd = g[:, d:], target[:, d:], p[:, d:]
+        regression = F.smooth_l1_loss(g, want)
+        classification = -(pd * torch.log_softmax(g @ rows_out.T, dim=-1)).sum(-1).mean()
+        total = total + regression + ce_weight * classification
+    return total / depth
+
+
+def batches(shards: list[Path], size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    order = list(shards)
+    random.Random(seed).shuffle(order)
+    for shard in order:
+        data = load_file(str(shard))
+        perm = torch.randperm(len(data["tokens"]), generator=torch.Generator().manual_seed(seed))
+        for start in range(0, len(perm), size):
+            pick = perm[start : start + size]
+            yield data["tokens"][pick].long(), data["hidden"][pick].float()
+
+
+def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Path) -> None:
+    state = folder / "progress.json"
+    progress = json.loads(state.read_text()) if state.exists() else {"epochs": 0, "loss": []}
+    done = progress["epochs"]
+    rows_out = output_rows(target.model.forward, head.vocab)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    steps_per_epoch = sum(1 for _ in batches(shards, args.batch, 0))
+    for epoch in range(done, args.epochs):
+        head.train()
+        bar = tqdm(
+            batches(shards, args.batch, epoch),
+            total=steps_per_epoch,
+            desc=f"epoch {epoch + 1}",
+            file=sys.stderr,
+        )
+        losses = []
+        for step, (tokens, hidden) in enumerate(bar):
+            for group in optimizer.param_groups:  # warm up, then cosine to a tenth
+                t = (epoch * steps_per_epoch + step) / (args.epochs * steps_per_epoch)
+                group["lr"] = (
+                    args.lr * min(1.0, t * 50) * (0.55 + 0.45 * torch.cos(torch.tensor(t * 3.1416)).item())
+                )
+            with torch.no_grad():
+                embeds = target.embed(tokens[:, 1:])
+            loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            optimizer.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        head.eval()
+        head.save(folder, {"target": target.fingerprint})
+        progress = {
+            "epochs": epoch + 1,
+            "loss": [*progress.get("loss", []), sum(losses) / max(1, len(losses))],
+        }
+        state.write_text(json.dumps(progress))
+
+
+# -- report ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def agreement(head: DraftHead, target: Target, shards: list[Path], depth: int) -> list[float]:
+    """Per draft position d, how often the head's greedy draft equals the target's greedy token,
+    among chains whose earlier drafts all agreed and whose inputs are what drafting would feed."""
+    rows_out = output_rows(target.model.forward, head.vocab)
+    hits, seen = [0] * depth, [0] * depth
+    for tokens, hidden in batches(shards, 8, 0):
+        truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
+        fed_ok = truth[:, :-1] == tokens[:, 2:]  # entry j's draft equals the next input token
+        outputs = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), depth)
+        ok = torch.ones_like(truth, dtype=torch.bool)
+        previous = None
+        for d, g in enumerate(outputs):
+            right = head.vocab[(g @ rows_out.T).argmax(-1)] == truth
+            if previous is not None:  # chain (d, j) continues (d-1, j-1)
+                ok = torch.zeros_like(ok)
+                ok[:, 1:] = previous[:, :-1] & fed_ok
+            valid = ok.clone()
+            valid[:, :d] = False
+            hits[d] += int((right & valid).sum())
+            seen[d] += int(valid.sum())
+            previous = valid & right
+    return [h / max(1, s) for h, s in zip(hits, seen, strict=True)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m decoding.train_head", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default", help="the target (default: the embedded SmolLM2)")
+    parser.add_argument(
+        "--corpus", type=Path, default=None, help="a folder of Python files (default: the stdlib)"
+    )
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        help="as the server's setting: a safetensors target needs int4 or int8",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="the head's folder (default: in the cache)")
+    parser.add_argument("--tokens", type=int, default=600_000, help="training tokens")
+    parser.add_argument("--held-out-tokens", type=int, default=32_768)
+    parser.add_argument("--sequence", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=8192, help="tokens the head scores (0: all)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--depth", type=int, default=3, help="chained passes in training")
+    parser.add_argument("--noise", type=float, default=0.1, help="noise on the target's states in training")
+    parser.add_argument(
+        "--ce-weight", type=float, default=1.0, help="the cross-entropy's weight beside the regression"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    target = Target.load(args.model, args.quantization)
+    root = args.corpus or stdlib_root()
+    work = cache_root() / "heads" / target.fingerprint.replace(":", "-")
+    tag = f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}-{args.sequence}"
+    train_shards = extract(
+        target,
+        corpus_files(root, holdout=False),
+        work / f"train-{tag}-{args.tokens}",
+        args.sequence,
+        args.tokens,
+        args.seed,
+    )
+    test_shards = extract(
+        target,
+        corpus_files(root, holdout=True),
+        work / f"held-out-{tag}-{args.held_out_tokens}",
+        args.sequence,
+        args.held_out_tokens,
+        args.seed,
+    )
+    folder = args.out or work / "head"
+    if (folder / "progress.json").exists():
+        head = load_head(folder).train()
+        log.info("resuming %s", folder)
+    else:
+        shape = target.model.forward.shape
+        config = HeadConfig(
+            shape.dim,
+            shape.heads,
+            shape.kv_heads,
+            shape.ffn,
+            shape.rope_theta,
+            shape.norm_eps,
+            True,
+            target.fingerprint,
+        )
+        vocab = (
+            frequent_tokens(train_shards, args.vocab, shape.vocab)
+            if args.vocab
+            else torch.arange(shape.vocab)
+        )
+        head = DraftHead(config, vocab)
+    started = time.perf_counter()
+    train(head, target, train_shards, args, folder)
+    rates = agreement(head, target, test_shards, args.depth)
+    report = {
+        "target": target.fingerprint,
+        "trained_tokens": args.tokens,
+        "held_out_agreement": [round(r, 4) for r in rates],
+        "expected_tokens_per_pass": round(expected_tokens_per_pass(rates), 3),
+        "seconds": round(time.perf_counter() - started, 1),
+        "head": str(folder),
+    }
+    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""The draft head: training computes what drafting computes, speculative decoding with the head
+stays exact (greedy) and lossless (sampling), training runs end to end, and heads load or are
+refused as they should."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from decoding.drafters import load_head_drafter, make_drafter
+from decoding.drafters.head import HeadDrafter
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.head import (
+    DraftHead,
+    HeadCache,
+    HeadConfig,
+    load_head,
+    output_rows,
+    target_fingerprint,
+)
+from decoding.llama import from_transformers
+from decoding.train_head import chain_loss, chain_outputs, held_out
+from decoding.verify import SamplingParams
+from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
+from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
+from tests.test_quant import lean_loaded, plain_greedy_pass
+from tests.tiny_models import TINY_VOCAB, tiny_model
+
+# The head scores this many tokens of the tiny vocabulary: the rest can never be drafted.
+HEAD_VOCAB = torch.arange(8, TINY_VOCAB)
+
+
+def tiny_head(forward, seed: int = 0, vocab: torch.Tensor = HEAD_VOCAB) -> DraftHead:
+    torch.manual_seed(seed)
+    s = forward.shape
+    config = HeadConfig(
+        s.dim, s.heads, s.kv_heads, s.ffn, s.rope_theta, s.norm_eps, True, target_fingerprint(forward)
+    )
+    return DraftHead(config, vocab)
+
+
+def own_sequences(forward, count: int, length: int, seed: int) -> list[list[int]]:
+    """The target's own greedy continuations of random prompts: what the head learns to draft."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        prompt = torch.randint(0, TINY_VOCAB, (6,), generator=g).tolist()
+        out.append(prompt + plain_greedy_pass(forward, prompt, length - len(prompt)))
+    return out
+
+
+def hidden_states(forward, tokens: list[int]) -> torch.Tensor:
+    cache = forward.new_cache()
+    forward(tokens, cache)
+    return cache.hidden[: len(tokens)].clone()
+
+
+def trained_tiny_head(forward, steps: int = 120, seed: int = 0) -> DraftHead:
+    head = tiny_head(forward, seed)
+    sequences = own_sequences(forward, 24, 48, seed)
+    tokens = torch.tensor(sequences)
+    hidden = torch.stack([hidden_states(forward, s) for s in sequences])
+    embeds = forward.embed(tokens[:, 1:].reshape(-1)).view(len(sequences), -1, forward.shape.dim)
+    rows = output_rows(forward, head.vocab)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = chain_loss(head, hidden, embeds, rows, depth=2, noise=0.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return [
+        from_transformers(tiny_model(seed, layers=2, logit_scale=scale), 0)
+        for seed, scale in [(41, 3.0), (42, 8.0)]
+    ]
+
+
+@pytest.fixture(scope="module")
+def heads(targets):
+    return [trained_tiny_head(t, seed=i) for i, t in enumerate(targets)]
+
+
+def head_drafter(target, head, max_draft: int = 4) -> HeadDrafter:
+    eos: set[int] = set()
+    return HeadDrafter(head, target.embed, output_rows(target, head.vocab), TINY_VOCAB, eos, max_draft)
+
+
+@torch.no_grad()
+def test_training_chains_compute_what_drafting_computes():
+    """Pass d's entry j of ``chain_outputs`` (one batched pass per depth, ``chain_mask``) equals
+    drafting's sequence: true entries up to s = j - d + 1 in one pass, then d - 1 chained steps."""
+    forward = from_transformers(tiny_model(5, layers=1), 0)
+    head = tiny_head(forward, seed=3)
+    torch.manual_seed(1)
+    hidden = torch.randn(1, 14, forward.shape.dim)
+    embeds = torch.randn(1, 13, forward.shape.dim)
+    depth = 3
+    outputs = chain_outputs(head, hidden, embeds, depth)
+    for d in range(1, depth + 1):
+        for j in range(d - 1, 13):
+            s = j - d + 1
+            cache = HeadCache()
+            rows = s + 1
+            mask = torch.ones(rows, rows, dtype=torch.bool).tril_()
+            g = head(hidden[:, :rows], embeds[:, :rows], torch.arange(rows), mask, cache)[:, -1:]
+            for entry in range(s + 1, j + 1):
+                mask = torch.ones(1, cache.length + 1, dtype=torch.bool)
+                g = head(g, embeds[:, entry : entry + 1], torch.tensor([entry]), mask, cache)
+            assert torch.allclose(g[0, 0], outputs[d - 1][0, j], atol=1e-5), (d, j)
+
+
+def test_the_trained_head_agrees_with_its_target_mostly(targets, heads):
+    """The tiny heads learn something, so the exactness tests below see drafts kept and rejected."""
+    target, head = targets[0], heads[0]
+    drafter = head_drafter(target, head)
+    agree = total = 0
+    for tokens in own_sequences(target, 8, 40, seed=99):
+        cache = target.new_cache()
+        target(tokens[:20], cache)
+        drafter.attach(cache)
+        draft = drafter.propose_exactly(tokens[:21], 1)
+        agree += draft.tokens == tokens[21:22]
+        total += 1
+    assert agree >= total // 2
+
+
+@pytest.mark.parametrize("drafter_name", ["head", "auto"])
+def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, drafter_name):
+    """200 prompt/stop cases, as for every drafter: drafts chain over tokens the target has not
+    fed, ride on prefills, get cut by EOS, stops and the token limit, and are rejected anywhere."""
+    proposed = accepted = 0
+    for i in range(200):
+        rng, prompt, variant = make_case(i)
+        target, head = targets[i % 2], heads[i % 2]
+        reference = plain_greedy_pass(target, prompt, MAX_NEW)
+        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
+        engine = SpeculativeEngine(lean_loaded(target, eos))
+        drafter = make_drafter(
+            drafter_name,
+            draft_head=head_drafter(target, head, rng.choice([2, 4, 8])),
+            cost=engine.cost,
+            max_draft=8,
+        )
+        if drafter_name == "auto":
+            drafter.MIN_GAIN = 0.0
+        result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
+        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
+        assert result.text == want_text
+        stats = result.stats.drafters.get("head")
+        if stats is not None:
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert proposed > 200 and 0 < accepted < proposed
+
+
+def test_sampling_with_the_head_keeps_the_targets_distribution():
+    model = tiny_model(21, layers=2, logit_scale=3.0)
+    target = from_transformers(model, 0)
+    head = trained_tiny_head(target, steps=60)
+    params = SamplingParams(temperature=1.0, top_k=6)
+    joint = exact_joint(model, PROMPT, params, 2)
+    engine = SpeculativeEngine(lean_loaded(target))
+    drafter = head_drafter(target, head, max_draft=3)
+    config = GenerationConfig(max_new_tokens=4, temperature=params.temperature, top_k=params.top_k)
+    counts: dict[tuple[int, ...], int] = {}
+    proposed = accepted = 0
+    for seed in range(SAMPLES):
+        config.seed = seed
+        result = engine.generate(PROMPT, config, drafter)
+        key = tuple(result.token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+        for stats in result.stats.drafters.values():
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert chi_square_pvalue(counts, joint) > 0.001
+    assert proposed > SAMPLES // 2 and 0 < accepted < proposed
+
+
+class NoHiddenStates:
+    length = 5
+
+
+def test_the_head_waits_for_the_targets_states():
+    """No state in the target's cache, or too many tokens past it: no draft (nothing to read)."""
+    forward = from_transformers(tiny_model(5, layers=1), 0)
+    drafter = head_drafter(forward, tiny_head(forward))
+    tokens = list(range(20))
+    assert drafter.propose_exactly(tokens, 3).tokens == []  # nothing attached
+    cache = forward.new_cache()
+    forward(tokens[:10], cache)
+    drafter.attach(cache)
+    assert drafter.propose_exactly(tokens, 3).tokens == []  # 9 tokens past the cache
+    assert len(drafter.propose_exactly(tokens[:14], 3).tokens) == 3  # 3 past it: chained over
+    other = NoHiddenStates()  # a cache without hidden states (transformers')
+    drafter.attach(other)
+    assert drafter.propose_exactly(tokens[:6], 3).tokens == []
+
+
+def test_heads_load_by_name_and_are_refused_for_another_model(tmp_path, targets, heads):
+    target, head = targets[0], heads[0]
+    loaded = lean_loaded(target)
+    head.save(tmp_path / "mine")
+    drafter = load_head_drafter(loaded, str(tmp_path / "mine" / "model.safetensors"))
+    assert torch.equal(drafter.head.vocab, head.vocab)
+    assert load_head_drafter(loaded, "none") is None
+    assert load_head_drafter(loaded, "auto") is None  # nothing shipped for a random model
+    with pytest.raises(ValueError, match="another model"):
+        load_head_drafter(lean_loaded(targets[1]), str(tmp_path / "mine"))
+    with pytest.raises(ValueError, match="not found"):
+        load_head_drafter(loaded, str(tmp_path / "missing"))
+
+
+def test_a_published_eagle_head_loads_from_its_folder(tmp_path, targets):
+    """EAGLE-1's layout: a transformers Llama config, ``fc`` with a bias, no input norm on the
+    layer, no list of scored tokens (the whole vocabulary)."""
+    from safetensors.torch import save_file
+
+    target = targets[0]
+    s = target.shape
+    eagle = DraftHead(HeadConfig(s.dim, s.heads, s.kv_heads, s.ffn, s.rope_theta, input_norm=False))
+    weights = {k: v for k, v in eagle.state_dict().items() if k != "vocab"}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": s.dim,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "intermediate_size": s.ffn,
+        "rope_theta": s.rope_theta,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    drafter = load_head_drafter(lean_loaded(target), str(tmp_path))
+    assert drafter.head.layers[0].input_layernorm is None and not len(drafter.head.vocab)
+    cache = target.new_cache()
+    target(list(range(10)), cache)
+    drafter.attach(cache)
+    assert len(drafter.propose_exactly(list(range(11)), 3).tokens) == 3
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="cannot be read"):
+        load_head_drafter(lean_loaded(target), str(tmp_path))
+
+
+def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, default_tokenizer_folder):
+    """``python -m decoding.train_head`` on a tiny model and a small corpus: features cached,
+    loss down over epochs, a report on held-out files, and the head loads and drafts."""
+    from decoding.models import load_model
+    from decoding.train_head import main
+    from tests.tiny_models import save_tiny_model
+
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        body = "".join(f"    value_{j} = compute(value_{j - 1}, {i})\n" for j in range(1, 12))
+        (corpus / f"module_{i}.py").write_text(f"def function_{i}(value_0):\n{body}    return value_11\n")
+    assert any(held_out(f"module_{i}.py") for i in range(40))
+    out = tmp_path / "head"
+    argv = ["--model", str(model_dir), "--quantization", "int8", "--corpus", str(corpus), "--out", str(out)]
+    argv += ["--tokens", "3072", "--held-out-tokens", "256", "--sequence", "64", "--vocab", "512"]
+    argv += ["--epochs", "3", "--batch", "4", "--depth", "2", "--lr", "3e-3"]
+    assert main(argv) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["epochs"] == 3 and progress["loss"][-1] < progress["loss"][0]
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["held_out_agreement"]) == 2 and report["expected_tokens_per_pass"] >= 1.0
+    shards = list((tmp_path / "cache" / "heads").rglob("shard_*.safetensors"))
+    assert shards  # features cached for a rerun
+    assert main(argv) == 0  # resumes: everything is done, nothing breaks
+    target = load_model(str(model_dir), device="cpu", quantization="int8")
+    drafter = load_head_drafter(target, str(out))
+    assert len(load_head(out).vocab) == 512
+    ids = target.tokenizer("def function_3(value_0):\n    value_1 = compute(", add_special_tokens=False)[
+        "input_ids"
+    ]
+    cache = target.forward.new_cache()
+    target.forward(ids[:-1], cache)
+    drafter.attach(cache)
+    assert len(drafter.propose_exactly(ids, 4).tokens) == 4
+
+
+@pytest.mark.real_model
+def test_the_shipped_head_drafts_for_the_default_model_on_held_out_code(default_model):
+    """For real: ``auto`` finds the head shipped for the embedded model; on stdlib files it was
+    not trained on, greedy output with it is the model's own, and most of its drafts are kept."""
+    from benchmarks.decode_bench import stdlib_files
+
+    head = load_head_drafter(default_model, "auto")
+    assert head is not None and head.folder.endswith("smollm2-135m-instruct")
+    engine = SpeculativeEngine(default_model)
+    config = GenerationConfig(max_new_tokens=24)
+    proposed = accepted = 0
+    for rel, path in stdlib_files()[:60:10]:
+        text = path.read_text(encoding="utf-8")
+        ids = engine.encode(text[: len(text) // 2])[-300:]
+        plain = engine.generate(ids, config)
+        with_head = engine.generate(ids, config, make_drafter("head", draft_head=head, cost=engine.cost))
+        assert with_head.token_ids == plain.token_ids, rel
+        stats = with_head.stats.drafters["head"]
+        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert accepted >= 0.2 * proposed and proposed >= 30  # an untrained head: ~0
