@@ -310,7 +310,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--held-out-tokens", type=int, default=32_768)
     parser.add_argument("--sequence", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=8192, help="tokens the head scores (0: all)")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--depth", type=int, default=3, help="chained passes in training")
