@@ -256,10 +256,10 @@ class Bench:
             self.drafters["model"] = make_drafter("model", draft_model=draft, cost=self.engine.cost)
         cost = self.engine.cost
         head = load_head_drafter(target, "auto", cost=cost)
-        if head is not None:  # the shipped draft head, alone and inside auto (its own statistics)
+        if head is not None:  # the shipped draft head alone, and auto with and without it
             self.drafters["head"] = make_drafter("head", draft_head=head, cost=cost)
             self.drafters["auto_no_head"] = make_drafter("auto", draft_model=draft, cost=cost)
-        head = load_head_drafter(target, "auto", cost=cost)
+            head = load_head_drafter(target, "auto", cost=cost)  # auto's own, with its own statistics
         self.drafters["auto"] = make_drafter("auto", draft_model=draft, draft_head=head, cost=cost)
         self.peers: dict[str, dict[str, Any]] = {}
         if peers:

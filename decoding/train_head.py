@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import random
 import sys
 import sysconfig
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from decoding.head import (
     DraftHead,
+    HeadCache,
     HeadConfig,
     chain_mask,
     expected_tokens_per_pass,
@@ -181,11 +183,9 @@ def chain_outputs(
 
     hidden: (batch, rows + 1, dim) the target's states; embeds: (batch, rows, dim) of tokens 1..;
     each result: (batch, rows, dim), entry j an estimate of hidden[:, j + 1]."""
-    from decoding.head import HeadCache, positions_for
-
     rows = embeds.shape[1]
     mask = chain_mask(rows, depth)
-    positions = positions_for(rows, 1)
+    positions = torch.arange(rows)  # a chained entry takes its own index
     cache = HeadCache()
     features = hidden[:, :-1]
     if noise:
@@ -215,6 +215,14 @@ def chain_loss(
     return total / depth
 
 
+def shard_sequences(shard: Path) -> int:
+    """Sequences in a shard, read from its header (the tensors stay on disk)."""
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework="pt") as data:
+        return int(data.get_slice("tokens").get_shape()[0])
+
+
 def batches(shards: list[Path], size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     from safetensors.torch import load_file
 
@@ -234,7 +242,7 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
     done = progress["epochs"]
     rows_out = output_rows(target.model.forward, head.vocab)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
-    steps_per_epoch = sum(1 for _ in batches(shards, args.batch, 0))
+    steps_per_epoch = sum(-(-shard_sequences(shard) // args.batch) for shard in shards)
     for epoch in range(done, args.epochs):
         head.train()
         bar = tqdm(
@@ -247,9 +255,7 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
         for step, (tokens, hidden) in enumerate(bar):
             for group in optimizer.param_groups:  # warm up, then cosine to a tenth
                 t = (epoch * steps_per_epoch + step) / (args.epochs * steps_per_epoch)
-                group["lr"] = (
-                    args.lr * min(1.0, t * 50) * (0.55 + 0.45 * torch.cos(torch.tensor(t * 3.1416)).item())
-                )
+                group["lr"] = args.lr * min(1.0, t * 50) * (0.55 + 0.45 * math.cos(t * math.pi))
             with torch.no_grad():
                 embeds = target.embed(tokens[:, 1:])
             loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)

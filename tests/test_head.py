@@ -267,7 +267,7 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
     progress = json.loads((out / "progress.json").read_text())
     assert progress["epochs"] == 3 and progress["loss"][-1] < progress["loss"][0]
     report = json.loads((out / "report.json").read_text())
-    assert len(report["held_out_agreement"]) == 2 and report["expected_tokens_per_pass"] >= 1.0
+    assert len(report["held_out_agreement"]) == 2
     shards = list((tmp_path / "cache" / "heads").rglob("shard_*.safetensors"))
     assert shards  # features cached for a rerun
     assert main(argv) == 0  # resumes: everything is done, nothing breaks

@@ -125,7 +125,7 @@ class HeadDrafter:
         valid = min(valid, self._cache.length)
         if valid <= 0 or fed - (self._base + valid) > self.WINDOW or self._cache.length > 2 * self.WINDOW:
             self._cache, self._base, valid = HeadCache(), max(0, fed - self.WINDOW), 0
-        start = self._base + max(valid, 0)
+        start = self._base + valid
         if start == fed:  # every entry still holds: recompute the last one for its g
             start, valid = fed - 1, valid - 1
         self._cache.crop(valid)
