@@ -722,6 +722,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
         "none: dequantized fp32, the only format transformers' peers can run)",
     )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        help="the target's dtype off the CPU's quantized forward (default float32; bfloat16 on a GPU)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-level", default="INFO")
@@ -746,11 +752,11 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
 
     started = time.perf_counter()
-    target = load_model(args.model, dtype="float32", quantization=args.quantization)
-    in_transformers = target.model is not None  # the peers and the bf16 draft copy need it
+    target = load_model(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
+    in_transformers = target.model is not None  # the peers need it
     draft = None
-    if not args.no_draft_model and in_transformers:
-        draft = load_model(args.model, dtype="bfloat16", quantization="none")
+    if not args.no_draft_model and (in_transformers or target.device.type != "cpu"):
+        draft = load_model(args.model, device=args.device, dtype="bfloat16", quantization="none")
         check_draft_compatible(target, draft)
     log.info("models loaded in %.1f s (%s weights)", time.perf_counter() - started, target.quantization)
     bench = Bench(

@@ -9,8 +9,11 @@ dequantized to fp32 on transformers' forward, the previous default) measured in 
 
 Formats: ``none`` (fp32, transformers' forward), ``auto`` (the GGUF's own blocks on the lean
 forward), ``int8`` / ``int4`` (the dequantized copy quantized again at load on the lean forward).
+With ``--device cuda``: ``none`` is transformers' eager forward and ``auto`` the graphed lean
+forward (``decoding/graphed.py``), both in ``--dtype``; GPU memory is reported too.
 
     python -m benchmarks.pass_bench [--formats none,auto,int8,int4] [--rounds 3]
+    python -m benchmarks.pass_bench --device cuda --dtype bfloat16 --formats none,auto
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def rss_mb() -> dict[str, float]:
     return {"rss_mb": round(fields.get("VmRSS", 0.0), 1), "peak_rss_mb": round(fields.get("VmHWM", 0.0), 1)}
 
 
-def _load(fmt: str):
+def _load(fmt: str, device: str = "cpu", dtype: str = "float32"):
     from decoding.models import (
         CONVERTED_FORMAT_VERSION,
         cache_root,
@@ -49,27 +52,32 @@ def _load(fmt: str):
     )
 
     if fmt in ("none", "auto"):
-        return load_model("default", dtype="float32", quantization=fmt)
+        return load_model("default", device=device, dtype=dtype, quantization=fmt)
     copy = cache_root() / f"{file_sha256(default_gguf_path())[:32]}-v{CONVERTED_FORMAT_VERSION}"
     if not copy.is_dir():
         load_model("default", quantization="none")  # writes the dequantized copy once
-    return load_model(str(copy), dtype="float32", quantization=fmt)
+    return load_model(str(copy), device=device, dtype=dtype, quantization=fmt)
 
 
-def measure_one(fmt: str, context: int, steps: int) -> dict[str, Any]:
+def measure_one(
+    fmt: str, context: int, steps: int, device: str = "cpu", dtype: str = "float32"
+) -> dict[str, Any]:
     """One format, in this process: load, warm up, time the passes."""
     import torch
 
     torch.manual_seed(0)
     started = time.perf_counter()
-    model = _load(fmt)
+    model = _load(fmt, device, dtype)
     load_s = time.perf_counter() - started
     forward = model.forward
     prompt = torch.randint(0, model.vocab_size, (context,)).tolist()
+    on_gpu = model.device.type == "cuda"
 
     def timed(tokens: list[int], cache: Any, keep: int = 0) -> float:
         t0 = time.perf_counter()
         forward(tokens, cache, keep)
+        if on_gpu:  # the pass is queued, not done, when the call returns
+            torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1000
 
     with torch.inference_mode():
@@ -83,11 +91,13 @@ def measure_one(fmt: str, context: int, steps: int) -> dict[str, Any]:
                 times.append(timed(prompt[:width], cache))
                 cache.crop(-width)
             passes["step" if width == 1 else f"verify{width}"] = statistics.median(times[2:])
+    gpu_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1) if on_gpu else 0.0
     return {
         "format": fmt,
         "quantization": model.quantization,
         "load_s": round(load_s, 2),
-        "passes_ms": {k: round(v, 2) for k, v in passes.items()},
+        "passes_ms": {k: round(v, 3) for k, v in passes.items()},
+        "gpu_peak_mb": gpu_mb,
         **rss_mb(),
     }
 
@@ -103,6 +113,10 @@ def run_format(fmt: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.context),
         "--steps",
         str(args.steps),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
     ]
     out = subprocess.run(
         cmd, capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -123,6 +137,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], formats: list[str]) -> di
             "rss_mb": statistics.median(r["rss_mb"] for r in runs),
             "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
             "load_s": statistics.median(r["load_s"] for r in runs),
+            "gpu_peak_mb": statistics.median(r.get("gpu_peak_mb", 0.0) for r in runs),
         }
     base = summary.get("none")
     for entry in summary.values():
@@ -146,7 +161,7 @@ def format_table(summary: dict[str, dict[str, Any]], context: int) -> str:
         x = s["x_none"]["step"] if s["x_none"] else None
         lines.append(
             f"{fmt:<8}{s['quantization'][:17]:<18}"
-            + "".join(f"{s['passes_ms'][k]:>10.1f}" for k in keys)
+            + "".join(f"{s['passes_ms'][k]:>10.2f}" for k in keys)
             + f"{s['rss_mb']:>9.0f}{'' if x is None else f'{x:.2f}x':>15}"
         )
     return "\n".join(lines)
@@ -160,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="processes per format, alternating (default 3)")
     parser.add_argument("--context", type=int, default=512, help="tokens in the cache (default 512)")
     parser.add_argument("--steps", type=int, default=20, help="timed passes per width (default 20)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default="float32", help="off the CPU's quantized blocks (default float32)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one format, print JSON
     return parser.parse_args(argv)
@@ -168,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.one:
-        print(json.dumps(measure_one(args.one, args.context, args.steps)))
+        print(json.dumps(measure_one(args.one, args.context, args.steps, args.device, args.dtype)))
         return 0
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     rounds = []
@@ -192,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 "context": args.context,
                 "steps": args.steps,
                 "cpu_count": os.cpu_count(),
+                "device": args.device,
+                "dtype": args.dtype,
             },
             "summary": summary,
             "rounds": rounds,

@@ -74,6 +74,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "reuse_only": {"drafter": "none"},
     "no_workspace": {"workspaceIndexMb": 0},  # with --workspace: shipped without the workspace index
     "no_head": {"draftHead": "none"},  # shipped without the draft head
+    "transformers_forward": {"quantization": "none"},  # shipped on transformers' forward (dequantized)
     # The peer server: llama.cpp's llama-server on the same GGUF, driven by LlamaServerClient (these
     # settings are not sent anywhere; maxNewTokens and contextTokens from --options apply to it).
     "llama_server": {},

@@ -4,8 +4,9 @@ The engine needs three things of a model: an empty cache, a pass that feeds toke
 the cache holds and returns their next-token logits, and a cache it can crop (``crop(-n)``
 drops the last n tokens, as transformers' ``DynamicCache`` does) and measure
 (``get_seq_length()``). ``TransformersPass`` gives that for any causal LM transformers loads;
-``decoding.llama.LlamaForward`` is the lean CPU forward on quantized weights. A remote engine
-or another backend is one more implementation of ``ModelPass``.
+``decoding.llama.LlamaForward`` is the lean CPU forward on quantized weights, and
+``decoding.graphed.GraphedForward`` its fixed-width CUDA-graph variant. A remote engine or another
+backend is one more implementation of ``ModelPass``.
 """
 
 from __future__ import annotations

