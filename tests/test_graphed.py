@@ -162,3 +162,24 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
             assert result.token_ids == plain.token_ids, f"{name} differs on {prompt[-60:]!r}"
             drafted[name] += sum(s.proposed for s in result.stats.drafters.values())
     assert drafted["ngram"] > 0 and drafted["model"] > 0
+
+
+@pytest.mark.real_model
+def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does(default_model):
+    """The GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), run on the CPU in
+    fp32, picks the quantized lean forward's greedy token on real code (they differ only by the
+    4-bit kernel's bf16 activations): the weights' layout, rotary order and tied table are right."""
+    from decoding.llama import from_gguf
+    from decoding.models import default_gguf_path
+    from tests.test_real_model import stdlib_prompts
+
+    dense = GraphedForward(
+        from_gguf(str(default_gguf_path()), dense=True), torch.device("cpu"), torch.float32, capacity=512
+    )
+    assert dense.formats == "F32+Q4_1+Q8_0 as float32 on cpu"
+    tokens = default_model.tokenizer(stdlib_prompts(1, prompt_chars=1200)[0])["input_ids"][:300]
+    want = default_model.forward(tokens, default_model.forward.new_cache())
+    got = dense(tokens, dense.new_cache())
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert agree >= 0.95, agree
+    assert torch.allclose(torch.softmax(got, -1), torch.softmax(want, -1), atol=0.05)
