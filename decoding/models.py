@@ -360,13 +360,14 @@ def give_back_freed_memory() -> None:
 
 
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
-    """A transformers Llama's linear layers quantized on the lean forward, or None if not a Llama."""
+    """A transformers Llama on the lean forward, its linear layers quantized to ``bits`` (0: dense
+    fp32, for the graphed forward), or None if not a Llama."""
     from decoding.llama import UnsupportedModel, from_transformers
 
     try:
         return from_transformers(model, bits)
     except UnsupportedModel as exc:
-        log.info("int%d quantization does not cover %s; keeping the weights as they are", bits, exc)
+        log.info("the lean forward does not cover %s; keeping transformers' forward", exc)
         return None
 
 
@@ -387,6 +388,19 @@ def _lean_at_load(
         forward=forward,
         config=model.config,
         quantization=quantization,
+    )
+
+
+def _folder_or_hub(path: Path, spec: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool):
+    """A transformers model and tokenizer from a local folder or a hub id in the local cache."""
+    if path.is_dir():
+        folder = path
+    elif spec.startswith(("/", ".", "~")) or (os.sep in spec and spec.count("/") != 1):
+        raise ModelLoadError(f"model path not found: {path}")
+    else:
+        folder = hub_cache_folder(spec)
+    return _from_folder(
+        folder, gguf_file=None, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle
     )
 
 
@@ -422,37 +436,16 @@ def load_model(
             if lean is not None:
                 return lean
         model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
-    elif path.is_dir():
-        model, tokenizer = _from_folder(
-            path,
-            gguf_file=None,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-        )
-    elif spec.startswith(("/", ".", "~")) or (os.sep in spec and spec.count("/") != 1):
-        raise ModelLoadError(f"model path not found: {path}")
     else:
-        model, tokenizer = _from_folder(
-            hub_cache_folder(spec),
-            gguf_file=None,
-            dtype=torch_dtype,
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-        )
+        model, tokenizer = _folder_or_hub(path, spec, torch_dtype, trust_remote_code, allow_pickle)
     source = str(path if path.exists() else spec)
     if quantize_cpu and quantization in ("int4", "int8"):
         lean = _lean_at_load(model, tokenizer, torch_device, source, quantization)
         if lean is not None:
             return lean
     if graphed:
-        from decoding.llama import UnsupportedModel, from_transformers
-
-        try:
-            dense = from_transformers(model.float(), 0)
-        except UnsupportedModel as exc:
-            log.info("the graphed forward does not cover %s; keeping transformers' forward", exc)
-        else:
+        dense = _quantized_at_load(model.float(), 0)
+        if dense is not None:
             return _graphed(dense, tokenizer, model.config, torch_device, torch_dtype, source)
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
     if torch_device.type == "cpu" and torch_dtype == torch.float32:

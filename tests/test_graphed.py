@@ -17,8 +17,8 @@ from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.graphed import GraphedCache, GraphedForward
 from decoding.llama import from_transformers
 from decoding.models import LoadedModel
-from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
-from tests.test_quant import plain_greedy_pass
+from tests.test_engine_greedy import perturbed_copy
+from tests.test_quant import assert_speculative_greedy_is_plain_greedy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -112,26 +112,7 @@ def graphed_pairs(request):
 @pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
 def test_speculative_greedy_equals_the_graphed_models_plain_greedy(graphed_pairs, drafter_name):
     """200 prompt/stop cases per drafter, as for the fp32 and quantized forwards."""
-    targets, near = graphed_pairs
-    proposed = accepted = 0
-    for i in range(200):
-        rng, prompt, variant = make_case(i)
-        target = targets[i % len(targets)]
-        reference = plain_greedy_pass(target, prompt, MAX_NEW)
-        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
-        engine = SpeculativeEngine(graphed_loaded(target, eos))
-        drafter = make_drafter(
-            drafter_name,
-            draft_model=graphed_loaded(near[i % len(near)]),
-            cost=engine.cost,
-            max_draft=rng.choice([2, 4, 8]),
-        )
-        result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
-        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
-        assert result.text == want_text
-        for stats in result.stats.drafters.values():
-            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
-    assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
+    assert_speculative_greedy_is_plain_greedy(*graphed_pairs, drafter_name, graphed_loaded)
 
 
 @pytest.mark.real_model

@@ -198,20 +198,20 @@ def quantized_pairs():
     return [from_transformers(t, 4) for t in targets], near
 
 
-@pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
-def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_pairs, drafter_name):
-    """200 prompt/stop cases per drafter, as for the fp32 models in test_engine_greedy."""
-    targets, near = quantized_pairs
+def assert_speculative_greedy_is_plain_greedy(targets, near, drafter_name: str, loaded) -> None:
+    """200 prompt/stop cases: the engine on ``loaded(target, eos)`` with ``drafter_name`` (the
+    draft model from ``near``) returns the target's own plain greedy decoding, drafts kept and
+    rejected both."""
     proposed = accepted = 0
     for i in range(200):
         rng, prompt, variant = make_case(i)
         target = targets[i % len(targets)]
         reference = plain_greedy_pass(target, prompt, MAX_NEW)
         kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
-        engine = SpeculativeEngine(lean_loaded(target, eos))
+        engine = SpeculativeEngine(loaded(target, eos))
         drafter = make_drafter(
             drafter_name,
-            draft_model=lean_loaded(near[i % len(near)]),
+            draft_model=loaded(near[i % len(near)]),
             cost=engine.cost,
             max_draft=rng.choice([2, 4, 8]),
         )
@@ -221,6 +221,12 @@ def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_p
         for stats in result.stats.drafters.values():
             proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
     assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])
+def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_pairs, drafter_name):
+    """200 prompt/stop cases per drafter, as for the fp32 models in test_engine_greedy."""
+    assert_speculative_greedy_is_plain_greedy(*quantized_pairs, drafter_name, lean_loaded)
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():
