@@ -16,8 +16,6 @@ from typing import Any, Protocol
 
 import torch
 
-from decoding.kv_cache import new_cache
-
 
 class ModelPass(Protocol):
     vocab_size: int
@@ -46,6 +44,8 @@ class TransformersPass:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     def new_cache(self) -> Any:
+        from decoding.growing_cache import new_cache
+
         return new_cache(self.model.config)
 
     def __call__(self, tokens: Sequence[int], cache: Any, keep: int = 0) -> torch.Tensor:

@@ -93,7 +93,7 @@ class HeadAttention(nn.Module):
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions[:, None].float() * self.inverse_freq[None, :]  # (rows, head_dim / 2)
         cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
-        return x * cos + _rotate_half(x) * sin
+        return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: HeadCache | None

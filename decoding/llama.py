@@ -24,13 +24,16 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import quants
 
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
 from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
@@ -397,18 +400,43 @@ def gguf_shape(reader) -> LlamaShape:
     )
 
 
-def from_gguf(path: str, dense: bool = False) -> LlamaForward:
-    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows;
-    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
+@dataclass(frozen=True)
+class GgufTensor:
+    """Where one tensor's bytes lie in a GGUF file, and how to read them."""
+
+    kind: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order: (out, in) for a weight
+    offset: int
+    nbytes: int
+
+
+def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor]]:
+    """The model's shape and where each tensor lies, read with gguf's reader, which is dropped
+    before any weight is built: it parses every metadata field (a tokenizer's ~100k strings)
+    into ~150 MB of small arrays, and weights allocated among them would keep ~20 MB of that heap
+    resident for good."""
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
     shape = gguf_shape(reader)
-    tensors = {t.name: t for t in reader.tensors}
+    index = {
+        t.name: GgufTensor(t.tensor_type, tuple(int(d) for d in reversed(t.shape)), t.data_offset, t.n_bytes)
+        for t in reader.tensors
+    }
+    del reader
+    gc.collect()
+    return shape, index
+
+
+def from_gguf(path: str, dense: bool = False) -> LlamaForward:
+    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows;
+    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
+    shape, index = gguf_index(path)
+    data = np.memmap(path, mode="r")
 
     def tensor(name: str) -> QuantTensor:
-        t = tensors[name]
-        blocks = decode_tensor(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0])))
+        t = index[name]
+        blocks = decode_tensor(data[t.offset : t.offset + t.nbytes], t.kind, (t.shape[0], t.shape[-1]))
         return QuantTensor(blocks.shape, blocks.kind, values=blocks.dense()) if dense else blocks
 
     def weight(kind: str, i: int) -> QuantTensor:
@@ -416,12 +444,14 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
 
     def vector(kind: str, i: int | None) -> torch.Tensor:
         name = "output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight"
-        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
+        t = index[name]
+        raw = data[t.offset : t.offset + t.nbytes]
+        return torch.from_numpy(quants.dequantize(raw, t.kind).astype(np.float32).reshape(-1))
 
     # The output layer: on the 4-bit kernel with exact fp32 logits for the likely tokens where
     # its type allows (``QuantizedHead``), else dense fp32 (exact for every type). Tied
     # embeddings are looked up in the same table.
-    tied = "output.weight" not in tensors
+    tied = "output.weight" not in index
     output = tensor("token_embd.weight" if tied else "output.weight")
     if output.terms is not None and output.shape[0] % INT4_N_MULTIPLE == 0:
         head: torch.nn.Module = QuantizedHead(output)
@@ -432,7 +462,7 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     else:
         embed = head.rows if isinstance(head, QuantizedHead) else DenseEmbedding(head.weight)
     forward = _assemble(shape, weight, vector, embed, head)
-    forward.formats = "+".join(sorted({t.tensor_type.name for t in reader.tensors}))
+    forward.formats = "+".join(sorted({t.kind.name for t in index.values()}))
     return forward
 
 

@@ -169,10 +169,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _import_transformers():
+    """transformers, imported only where a load needs it (a GGUF's lean forward and cached
+    tokenizer do not: ~20 MB resident saved), with its progress bars off (noise on stderr)."""
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - an install problem, reported clearly
         raise ModelLoadError(f"transformers is not installed: {exc}") from exc
+    transformers.utils.logging.disable_progress_bar()
     return transformers
 
 
@@ -264,10 +267,10 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
     them from the file takes seconds, the cached copy a fraction of one)."""
-    transformers = _import_transformers()
     target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
     if (target / "config.json").is_file():
         return _plain_config(target / "config.json"), _cached_tokenizer(target)
+    transformers = _import_transformers()
     kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
     config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
@@ -291,10 +294,15 @@ def _plain_config(path: Path) -> SimpleNamespace:
 
 
 def _cached_tokenizer(folder: Path) -> Any:
-    """The cached tokenizer; the plain fast class where that is what it is (``AutoTokenizer``
-    would import the config machinery that ``_plain_config`` avoids)."""
-    import transformers
+    """The cached tokenizer: on ``tokenizers`` alone where it is a plain fast one
+    (``decoding/tokenizer.py``), else transformers' plain fast class where that is what it is
+    (``AutoTokenizer`` would import the config machinery that ``_plain_config`` avoids)."""
+    from decoding.tokenizer import LeanTokenizer
 
+    lean = LeanTokenizer.from_folder(folder)
+    if lean is not None:
+        return lean
+    transformers = _import_transformers()
     with contextlib.suppress(OSError, ValueError):
         settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         if settings.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):

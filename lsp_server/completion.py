@@ -433,5 +433,7 @@ def _decode_note(decoded: Decoded, outcome: Outcome[Any]) -> str:
         f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
         f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
         f"({s.reused_tokens} reused, {s.known_tokens} known), healed {decoded.prompt.healed!r}, "
-        f"queued {outcome.queued_ms:.0f} ms"
+        f"queued {outcome.queued_ms:.0f} ms, prefill {s.prefill_ms:.0f} ms, draft {s.draft_ms:.0f} ms, "
+        f"verify {s.verify_ms:.0f} ms, decode {s.decode_ms:.0f} ms, drafted "
+        f"{sum(d.proposed for d in s.drafters.values())}"
     )

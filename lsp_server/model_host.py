@@ -206,13 +206,10 @@ def load_engine_runtime(
 def load_runtime(settings: Settings) -> Runtime:
     """Load target (and draft) for ``settings``; raises with a message meant for the user."""
     import_decoding()
-    from transformers.utils import logging as hf_logging
-
     from decoding import SpeculativeEngine, load_model
     from decoding.drafters import load_head_drafter, make_drafter
     from decoding.models import check_draft_compatible, give_back_freed_memory
 
-    hf_logging.disable_progress_bar()  # its bars would only add noise to the server's stderr
     target = load_model(
         settings.model, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
     )

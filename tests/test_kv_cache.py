@@ -245,7 +245,8 @@ def test_the_growing_cache_gives_the_stock_caches_logits_through_appends_and_cro
     import torch
     from transformers import DynamicCache
 
-    from decoding.kv_cache import GrowingLayer, cache_nbytes, new_cache
+    from decoding.growing_cache import GrowingLayer, new_cache
+    from decoding.kv_cache import cache_nbytes
 
     model = target
     rng = random.Random(5)

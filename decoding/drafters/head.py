@@ -54,11 +54,13 @@ class HeadDrafter:
         cost: CostModel | None = None,
     ) -> None:
         """``output_rows``: the target's output layer's rows for ``head.vocab`` (all rows when the
-        head scores the whole vocabulary), (len(vocab) or vocab_size, dim) fp32; kept in bf16
-        where that scores faster on this machine (``bf16_scores_faster``)."""
-        self.head, self.embed = head, embed
-        faster = bf16_scores_faster(*output_rows.shape)
-        self.output_rows = output_rows.to(torch.bfloat16) if faster else output_rows
+        head scores the whole vocabulary), (len(vocab) or vocab_size, dim) fp32. Where bf16 is
+        faster on this machine (``bf16_scores_faster``) the rows and the head's own weights (saved
+        in bf16 anyway) are kept in bf16: half the memory (~17 MB for the shipped head), and a
+        chained step ~10% faster on the AVX-512 machine. ``head`` is converted in place."""
+        self.dtype = torch.bfloat16 if bf16_scores_faster(*output_rows.shape) else torch.float32
+        self.head, self.embed = head.to(self.dtype), embed
+        self.output_rows = output_rows.to(self.dtype)
         self.folder = ""  # where the head was loaded from, for logs and stats
         self.vocab_size, self.eos = vocab_size, eos
         self.max_draft = max_draft
@@ -120,7 +122,8 @@ class HeadDrafter:
         past = self._cache.length
         if rows > 1 or past:
             mask = torch.ones(rows, past + rows, dtype=torch.bool).tril_(past)
-        g = self.head(features[None], self.embed(ids)[None], positions, mask, self._cache)
+        embeds = self.embed(ids)[None].to(self.dtype)
+        g = self.head(features[None].to(self.dtype), embeds, positions, mask, self._cache)
         return g[0]
 
     def _sync(self, tokens: Sequence[int], fed: int) -> torch.Tensor:
