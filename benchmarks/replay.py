@@ -48,7 +48,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from benchmarks import llama_server
+from benchmarks import llama_server, soak_wire
 from benchmarks.decode_bench import stdlib_files, write_json
 
 log = logging.getLogger("benchmarks.replay")
@@ -209,6 +209,7 @@ class ReplayClient:
                 raise RuntimeError(f"{self.name}: the model did not load: {(await self.stats())['model']}")
             await asyncio.sleep(0.2)
         await self._workspace_indexed(deadline)
+        self.ready_memory = (await self.stats()).get("process") or {}
 
     async def _workspace_indexed(self, deadline: float) -> None:
         """Type only once the workspace index is built (a user's session is long past that)."""
@@ -226,6 +227,15 @@ class ReplayClient:
     async def stats(self) -> dict[str, Any]:
         result = await asyncio.wait_for(self.client.protocol.send_request_async(STATS, {}), ANSWER_GUARD_S)
         return _plain(result)
+
+    async def memory(self) -> dict[str, Any]:
+        """Resident MB when ready (before the first file), at the end, and at the peak."""
+        now = (await self.stats()).get("process") or {}
+        return {
+            "ready_rss_mb": self.ready_memory.get("rss_mb"),
+            "end_rss_mb": now.get("rss_mb"),
+            "peak_rss_mb": now.get("peak_rss_mb"),
+        }
 
     async def stop(self) -> None:
         try:
@@ -407,6 +417,16 @@ class LlamaServerClient:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.server.start)
+        self.ready_rss_mb = self._rss_mb()
+
+    def _rss_mb(self) -> float | None:
+        process = self.server.process
+        return None if process is None else soak_wire.rss_mb(process.pid)
+
+    async def memory(self) -> dict[str, Any]:
+        """Resident MB when ready (the model loaded) and at the end, as for our servers."""
+        now = self._rss_mb()
+        return {"ready_rss_mb": _round(self.ready_rss_mb), "end_rss_mb": _round(now), "peak_rss_mb": None}
 
     async def stop(self) -> None:
         if self.in_flight is not None:
@@ -506,6 +526,10 @@ class LlamaServerClient:
             "phases_ms": {"prefill": {"mean": mean("prompt_ms")}, "decode": {"mean": mean("predicted_ms")}},
             "tokens_predicted_mean": mean("predicted_n"),
         }
+
+
+def _round(mb: float | None) -> float | None:
+    return None if mb is None else round(mb, 1)
 
 
 def _offset(text: str, line: int, character: int) -> int:
@@ -632,6 +656,7 @@ def summarize(
             "workspace_index": {
                 k: v for k, v in (s.get("workspace_index") or {}).items() if k in WORKSPACE_KEYS
             },
+            "memory": s.get("memory"),
         }
     base = out.get(baseline, {})
     for row in out.values():
@@ -692,6 +717,11 @@ def format_phases(summary: dict[str, dict[str, Any]]) -> str:
     for name, s in summary.items():
         phases = s["phases_mean_ms"]
         lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
+    lines.append("resident MB: when ready, at the end, peak (our servers; llama_server from /proc)")
+    for name, s in summary.items():
+        memory = s.get("memory") or {}
+        values = (memory.get(key) for key in ("ready_rss_mb", "end_rss_mb", "peak_rss_mb"))
+        lines.append(f"  {name}: " + ", ".join(map(str, values)))
     return "\n".join(lines)
 
 
@@ -859,7 +889,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 records += await replay_segment(clients[name], segment, keys, number, args.pause_ms)
                 await asyncio.sleep(1.0)  # let its idle-time work finish before the next one starts
-        stats = {name: await client.stats() for name, client in clients.items()}
+        stats = {name: {**await c.stats(), "memory": await c.memory()} for name, c in clients.items()}
     finally:
         for client in clients.values():
             await client.stop()

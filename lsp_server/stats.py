@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,29 @@ def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return round(ordered[rank - 1], 2)
+
+
+def process_memory() -> dict[str, float | None]:
+    """This process's resident memory now and at its peak, in MB: what the server costs the
+    machine it shares with the editor. Read from ``/proc`` (Linux); elsewhere only the peak is
+    known (``getrusage``: bytes on macOS), and nothing on Windows."""
+    fields = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "VmHWM"):
+                    fields[name] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    if "VmHWM" in fields:
+        return {"rss_mb": fields.get("VmRSS"), "peak_rss_mb": fields["VmHWM"]}
+    try:
+        import resource
+    except ImportError:  # Windows
+        return {"rss_mb": None, "peak_rss_mb": None}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"rss_mb": None, "peak_rss_mb": round(peak / (2**20 if sys.platform == "darwin" else 1024), 1)}
 
 
 @dataclass

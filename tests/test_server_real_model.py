@@ -54,3 +54,5 @@ async def test_stats_have_numbers(client):
     assert model["draft_head"].endswith("smollm2-135m-instruct")  # the head shipped for it
     for per in stats["drafters"].values():
         assert per["proposed"] >= per["accepted"] >= 0
+    memory = stats["process"]  # the server's own: torch and the model are resident in it
+    assert 200 < memory["rss_mb"] <= memory["peak_rss_mb"] < 8192
