@@ -87,8 +87,12 @@ class HeadAttention(nn.Module):
         self.k_proj = nn.Linear(c.dim, c.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(c.dim, c.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(c.heads * d, c.dim, bias=False)
-        inverse = c.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-        self.register_buffer("inverse_freq", inverse, persistent=False)
+        self.register_buffer("inverse_freq", self.rotary_frequencies(), persistent=False)
+
+    def rotary_frequencies(self) -> torch.Tensor:
+        """Not in the weights file: computed (again, after a load onto the meta device)."""
+        d = self.config.head_dim
+        return self.config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d)
 
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions[:, None].float() * self.inverse_freq[None, :]  # (rows, head_dim / 2)
@@ -171,7 +175,7 @@ class DraftHead(nn.Module):
         (folder / CONFIG_NAME).write_text(json.dumps({"draft_head": asdict(self.config)}, indent=1))
 
 
-def load_head(folder: Path) -> DraftHead:
+def load_head(folder: Path, dtype: torch.dtype = torch.float32) -> DraftHead:
     """A head saved by ``DraftHead.save``, or a published EAGLE-1 head (``config.json`` in
     transformers' Llama terms, weights in safetensors: pickles are never read)."""
     from safetensors.torch import load_file
@@ -191,14 +195,17 @@ def load_head(folder: Path) -> DraftHead:
             input_norm="layers.0.input_layernorm.weight" in tensors,
         )
     vocab = tensors.pop("vocab", torch.zeros(0, dtype=torch.long)).long()
-    head = DraftHead(config, vocab)
+    with torch.device("meta"):  # the file's tensors become the weights: no random init to free
+        head = DraftHead(config, vocab)
     wanted = {name for name in head.state_dict() if name != "vocab"}
     missing = wanted - set(tensors) - {"fc.bias"}  # some EAGLE heads have no bias: zeros
     if missing:
         raise ValueError(f"{folder}: not a draft head (missing {', '.join(sorted(missing)[:3])})")
-    tensors = {name: tensors[name].float() for name in wanted if name in tensors}
-    tensors.setdefault("fc.bias", torch.zeros(config.dim))
-    head.load_state_dict({**tensors, "vocab": vocab}, strict=True)
+    tensors = {name: tensors[name].to(dtype) for name in wanted if name in tensors}
+    tensors.setdefault("fc.bias", torch.zeros(config.dim, dtype=dtype))
+    head.load_state_dict({**tensors, "vocab": vocab}, strict=True, assign=True)
+    for layer in head.layers:
+        layer.self_attn.inverse_freq = layer.self_attn.rotary_frequencies()
     return head.eval()
 
 

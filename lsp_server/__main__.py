@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
 import sys
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
 
 log = logging.getLogger("lsp_server")
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 REMOTE_FLAGS = (
     "endpoint",
     "endpoint_api",
@@ -169,6 +172,20 @@ def offline_environment() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+def one_malloc_arena() -> None:
+    """One glibc malloc arena for every thread, set before any thread starts.
+
+    By default each thread that allocates (the loader, the decode worker, the event loop) gets an
+    arena of its own, and the model's load leaves two of them partly used for good: a ready
+    server measured 455-472 MB resident, and 444-446 MB with one arena, at the same decode step
+    (``pass_bench``: within 2%; the threads rarely allocate at once). No library sets this;
+    ``MALLOC_ARENA_MAX`` in the environment wins, and it is a no-op off glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 1)
+
+
 def serve_stdio(server: CompletionServer) -> None:
     from lsp_server.protocol import Utf8RepairingStdin
 
@@ -240,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(args.log_level, args.log_file)
     offline_environment()
+    one_malloc_arena()
     # Importing torch takes seconds: the server starts it at 'initialize', once it knows the
     # settings (a remote endpoint never imports it), so the model load after 'initialized' is shorter.
     from lsp_server.server import create_server

@@ -54,11 +54,11 @@ class HeadDrafter:
         cost: CostModel | None = None,
     ) -> None:
         """``output_rows``: the target's output layer's rows for ``head.vocab`` (all rows when the
-        head scores the whole vocabulary), (len(vocab) or vocab_size, dim) fp32. Where bf16 is
-        faster on this machine (``bf16_scores_faster``) the rows and the head's own weights (saved
-        in bf16 anyway) are kept in bf16: half the memory (~17 MB for the shipped head), and a
-        chained step ~10% faster on the AVX-512 machine. ``head`` is converted in place."""
-        self.dtype = torch.bfloat16 if bf16_scores_faster(*output_rows.shape) else torch.float32
+        head scores the whole vocabulary), (len(vocab) or vocab_size, dim). Where bf16 is faster
+        on this machine (``head_dtype``) the rows and the head's own weights (saved in bf16
+        anyway) are kept in bf16: half the memory (~17 MB for the shipped head), and a chained
+        step ~10% faster on the AVX-512 machine. ``head`` is converted in place."""
+        self.dtype = head_dtype(output_rows.shape[1])
         self.head, self.embed = head.to(self.dtype), embed
         self.output_rows = output_rows.to(self.dtype)
         self.folder = ""  # where the head was loaded from, for logs and stats
@@ -214,7 +214,7 @@ def load_head_drafter(
     if folder is None:
         return None
     try:
-        head = load_head(folder)
+        head = load_head(folder, head_dtype(target.forward.shape.dim))
     except (OSError, KeyError, TypeError, ValueError, SafetensorError) as exc:
         raise ValueError(f"draft head {spec}: cannot be read ({exc})") from exc
     if head.config.target and head.config.target != mark:
@@ -224,13 +224,20 @@ def load_head_drafter(
             f"draft head {folder} has width {head.config.dim}, the model {target.forward.shape.dim}"
         )
     ids = head.vocab if len(head.vocab) else torch.arange(target.vocab_size)
-    rows = output_rows(target.forward, ids)
+    # in slices: the fp32 rows of a large vocabulary would be a transient the heap keeps
+    rows = torch.cat([output_rows(target.forward, part).to(head.fc.weight.dtype) for part in ids.split(2048)])
     log.info("draft head %s (%d tokens scored)", folder, len(ids))
     drafter = HeadDrafter(
         head, target.forward.embed, rows, target.vocab_size, target.eos_token_ids, max_draft, cost
     )
     drafter.folder = str(folder)
     return drafter
+
+
+def head_dtype(dim: int) -> torch.dtype:
+    """bf16 where scoring a head's tokens (8192 here, the shipped head's) of width ``dim`` is
+    faster in it on this machine, else fp32."""
+    return torch.bfloat16 if bf16_scores_faster(8192, dim) else torch.float32
 
 
 @functools.cache
