@@ -28,18 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lsp_server.stats import process_memory
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pass_bench.json"
 VERIFY_WIDTHS = (2, 4, 8)
-
-
-def rss_mb() -> dict[str, float]:
-    """Resident and peak resident memory of this process, from /proc (Linux)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return {"rss_mb": round(fields.get("VmRSS", 0.0), 1), "peak_rss_mb": round(fields.get("VmHWM", 0.0), 1)}
 
 
 def _load(fmt: str, device: str = "cpu", dtype: str = "float32"):
@@ -98,7 +90,7 @@ def measure_one(
         "load_s": round(load_s, 2),
         "passes_ms": {k: round(v, 3) for k, v in passes.items()},
         "gpu_peak_mb": gpu_mb,
-        **rss_mb(),
+        **process_memory(),
     }
 
 

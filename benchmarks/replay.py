@@ -48,8 +48,9 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from benchmarks import llama_server, soak_wire
+from benchmarks import llama_server
 from benchmarks.decode_bench import stdlib_files, write_json
+from lsp_server.stats import process_memory
 
 log = logging.getLogger("benchmarks.replay")
 
@@ -417,16 +418,20 @@ class LlamaServerClient:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.server.start)
-        self.ready_rss_mb = self._rss_mb()
+        self.ready_memory = self._process_memory()
 
-    def _rss_mb(self) -> float | None:
+    def _process_memory(self) -> dict[str, float | None]:
         process = self.server.process
-        return None if process is None else soak_wire.rss_mb(process.pid)
+        return process_memory(process.pid) if process is not None else {}
 
     async def memory(self) -> dict[str, Any]:
-        """Resident MB when ready (the model loaded) and at the end, as for our servers."""
-        now = self._rss_mb()
-        return {"ready_rss_mb": _round(self.ready_rss_mb), "end_rss_mb": _round(now), "peak_rss_mb": None}
+        """Resident MB when ready (the model loaded), at the end and at the peak, as for ours."""
+        now = self._process_memory()
+        return {
+            "ready_rss_mb": self.ready_memory.get("rss_mb"),
+            "end_rss_mb": now.get("rss_mb"),
+            "peak_rss_mb": now.get("peak_rss_mb"),
+        }
 
     async def stop(self) -> None:
         if self.in_flight is not None:
@@ -526,10 +531,6 @@ class LlamaServerClient:
             "phases_ms": {"prefill": {"mean": mean("prompt_ms")}, "decode": {"mean": mean("predicted_ms")}},
             "tokens_predicted_mean": mean("predicted_n"),
         }
-
-
-def _round(mb: float | None) -> float | None:
-    return None if mb is None else round(mb, 1)
 
 
 def _offset(text: str, line: int, character: int) -> int:
@@ -717,7 +718,7 @@ def format_phases(summary: dict[str, dict[str, Any]]) -> str:
     for name, s in summary.items():
         phases = s["phases_mean_ms"]
         lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
-    lines.append("resident MB: when ready, at the end, peak (our servers; llama_server from /proc)")
+    lines.append("resident MB: when ready, at the end, peak")
     for name, s in summary.items():
         memory = s.get("memory") or {}
         values = (memory.get(key) for key in ("ready_rss_mb", "end_rss_mb", "peak_rss_mb"))

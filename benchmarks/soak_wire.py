@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lsp_server.stats import process_memory
+
 ABSENT = object()  # a request or notification sent without a "params" member
 READ_LIMIT = 1 << 24
 
@@ -27,13 +29,7 @@ def frame(body: bytes, length: int | None = None) -> bytes:
 
 def rss_mb(pid: int) -> float | None:
     """The resident set of process ``pid`` in MB (Linux /proc), None when it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return process_memory(pid)["rss_mb"]
 
 
 CAPABILITIES = {

@@ -413,7 +413,7 @@ class GgufTensor:
 def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor]]:
     """The model's shape and where each tensor lies, read with gguf's reader, which is dropped
     before any weight is built: it parses every metadata field (a tokenizer's ~100k strings)
-    into ~150 MB of small arrays, and weights allocated among them would keep ~20 MB of that heap
+    into ~150 MB of small arrays, and weights allocated among them kept ~10 MB of that heap
     resident for good."""
     from gguf import GGUFReader
 
@@ -434,9 +434,13 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     shape, index = gguf_index(path)
     data = np.memmap(path, mode="r")
 
-    def tensor(name: str) -> QuantTensor:
+    def raw(name: str) -> tuple[GgufTensor, np.ndarray]:
         t = index[name]
-        blocks = decode_tensor(data[t.offset : t.offset + t.nbytes], t.kind, (t.shape[0], t.shape[-1]))
+        return t, data[t.offset : t.offset + t.nbytes]
+
+    def tensor(name: str) -> QuantTensor:
+        t, blocks_bytes = raw(name)
+        blocks = decode_tensor(blocks_bytes, t.kind, (t.shape[0], t.shape[-1]))
         return QuantTensor(blocks.shape, blocks.kind, values=blocks.dense()) if dense else blocks
 
     def weight(kind: str, i: int) -> QuantTensor:
@@ -444,9 +448,8 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
 
     def vector(kind: str, i: int | None) -> torch.Tensor:
         name = "output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight"
-        t = index[name]
-        raw = data[t.offset : t.offset + t.nbytes]
-        return torch.from_numpy(quants.dequantize(raw, t.kind).astype(np.float32).reshape(-1))
+        t, values = raw(name)
+        return torch.from_numpy(quants.dequantize(values, t.kind).astype(np.float32).reshape(-1))
 
     # The output layer: on the 4-bit kernel with exact fp32 logits for the likely tokens where
     # its type allows (``QuantizedHead``), else dense fp32 (exact for every type). Tied

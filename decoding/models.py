@@ -297,7 +297,7 @@ def _cached_tokenizer(folder: Path) -> Any:
     """The cached tokenizer: on ``tokenizers`` alone where it is a plain fast one
     (``decoding/tokenizer.py``), else transformers' plain fast class where that is what it is
     (``AutoTokenizer`` would import the config machinery that ``_plain_config`` avoids)."""
-    from decoding.tokenizer import LeanTokenizer
+    from decoding.tokenizer import PLAIN_CLASSES, LeanTokenizer
 
     lean = LeanTokenizer.from_folder(folder)
     if lean is not None:
@@ -305,7 +305,7 @@ def _cached_tokenizer(folder: Path) -> Any:
     transformers = _import_transformers()
     with contextlib.suppress(OSError, ValueError):
         settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        if settings.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        if settings.get("tokenizer_class") in PLAIN_CLASSES:
             return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
     return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 

@@ -62,21 +62,10 @@ class LeanTokenizer:
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend_tokenizer.token_to_id(token)
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._ids["bos_token"]
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._ids["eos_token"]
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._ids["unk_token"]
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._ids["pad_token"]
+    bos_token_id = property(lambda self: self._ids["bos_token"])
+    eos_token_id = property(lambda self: self._ids["eos_token"])
+    unk_token_id = property(lambda self: self._ids["unk_token"])
+    pad_token_id = property(lambda self: self._ids["pad_token"])
 
     @property
     def added_tokens_decoder(self) -> dict[int, AddedToken]:

@@ -21,21 +21,22 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(ordered[rank - 1], 2)
 
 
-def process_memory() -> dict[str, float | None]:
-    """This process's resident memory now and at its peak, in MB: what the server costs the
-    machine it shares with the editor. Read from ``/proc`` (Linux); elsewhere only the peak is
-    known (``getrusage``: bytes on macOS), and nothing on Windows."""
+def process_memory(pid: int | None = None) -> dict[str, float | None]:
+    """Resident memory now and at its peak, in MB, of this process (what the server costs the
+    machine it shares with the editor) or of process ``pid``. Read from ``/proc`` (Linux); for
+    this process elsewhere only the peak is known (``getrusage``: bytes on macOS), and nothing on
+    Windows. None for a process that is gone."""
     fields = {}
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
+        with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as status:
             for line in status:
                 name, _, value = line.partition(":")
                 if name in ("VmRSS", "VmHWM"):
                     fields[name] = round(int(value.split()[0]) / 1024, 1)
     except OSError:
         pass
-    if "VmHWM" in fields:
-        return {"rss_mb": fields.get("VmRSS"), "peak_rss_mb": fields["VmHWM"]}
+    if "VmHWM" in fields or pid is not None:
+        return {"rss_mb": fields.get("VmRSS"), "peak_rss_mb": fields.get("VmHWM")}
     try:
         import resource
     except ImportError:  # Windows
