@@ -62,6 +62,8 @@ def measure_one(
     model = _load(fmt, device, dtype)
     load_s = time.perf_counter() - started
     forward = model.forward
+    if hasattr(forward, "greedy_only"):
+        forward.greedy_only = True  # as the server's greedy generations run it
     prompt = torch.randint(0, model.vocab_size, (context,)).tolist()
     on_gpu = model.device.type == "cuda"
 

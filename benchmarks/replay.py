@@ -177,13 +177,25 @@ class ReplayClient:
     """The real server process over stdio, driven with pygls' own client."""
 
     def __init__(
-        self, name: str, options: dict[str, Any], model: str | None, workspace: Path | None = None
+        self,
+        name: str,
+        options: dict[str, Any],
+        model: str | None,
+        workspace: Path | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.name, self.options, self.model, self.workspace = name, options, model, workspace
+        self.log_dir = log_dir  # where the server writes its debug log (each answer's phases)
         self.client = LanguageClient("replay", "1")
 
     async def start(self) -> None:
         args = [sys.executable, "-m", "lsp_server", "--stdio", "--log-level", "WARNING"]
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = self.log_dir / f"{self.name}.log"
+            log_file.unlink(missing_ok=True)  # the server appends
+            args[-1] = "DEBUG"
+            args += ["--log-file", str(log_file)]
         if self.model:
             args += ["--model", self.model]
         await self.client.start_io(*args)
@@ -619,15 +631,29 @@ def mean_chars(records: Sequence[RequestRecord]) -> float | None:
     return round(sum(len(r.suggestion or "") for r in records) / len(records), 1) if records else None
 
 
+def shown_by_all(records: Sequence[RequestRecord]) -> set[tuple[str, int]]:
+    """The pause keystrokes where every configuration showed a suggestion: the like-for-like set.
+    Each configuration's own non-empty answers differ (one shows a block body where another
+    shows nothing), so their medians compare different requests."""
+    configs = set(r.config for r in records)
+    showing: dict[tuple[str, int], set[str]] = {}
+    for r in records:
+        if r.at_pause and r.suggestion and r.latency_ms is not None:
+            showing.setdefault((r.file, r.key), set()).add(r.config)
+    return {key for key, names in showing.items() if names == configs}
+
+
 def summarize(
     records: Sequence[RequestRecord], stats: dict[str, dict[str, Any]], typed_chars: int, baseline: str
 ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
+    common = shown_by_all(records)
     for name in dict.fromkeys(r.config for r in records):
         mine = [r for r in records if r.config == name]
         answered = [r.latency_ms for r in mine if r.latency_ms is not None]
         pauses = [r for r in mine if r.at_pause and r.latency_ms is not None]
         shown = [r for r in pauses if r.suggestion]
+        shown_common = [r.latency_ms for r in shown if (r.file, r.key) in common]
         s = stats.get(name, {})
         out[name] = {
             "requests": len(mine),
@@ -638,6 +664,9 @@ def summarize(
             # the same over the pause answers that showed something (an empty answer can be quick)
             "p50_ms_nonempty_at_pauses": pct([r.latency_ms for r in shown], 50),
             "p95_ms_nonempty_at_pauses": pct([r.latency_ms for r in shown], 95),
+            # the same over the pause keystrokes where every configuration showed one
+            "shown_by_all_at_pauses": len(shown_common),
+            "p50_ms_shown_by_all_at_pauses": pct(shown_common, 50),
             "p50_ms_all": pct(answered, 50),
             "p95_ms_all": pct(answered, 95),
             # suggestion length at pauses: over all answers (empty ones count 0) and over non-empty ones
@@ -674,6 +703,7 @@ def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
         ("p95 pause ms", "{}"),
         ("p50 shown ms", "{}"),
         ("p95 shown ms", "{}"),
+        ("p50 shown by all ms", "{}"),
         ("p50 all ms", "{}"),
         ("p95 all ms", "{}"),
         (f"x {baseline} p50", "{}"),
@@ -693,6 +723,7 @@ def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
                 s["p95_ms_at_pauses"],
                 s["p50_ms_nonempty_at_pauses"],
                 s["p95_ms_nonempty_at_pauses"],
+                f"{s['p50_ms_shown_by_all_at_pauses']} ({s['shown_by_all_at_pauses']})",
                 s["p50_ms_all"],
                 s["p95_ms_all"],
                 s[f"p50_ms_at_pauses_x_faster_than_{baseline}"],
@@ -832,6 +863,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="give our servers a workspace folder: the typed files' sibling files, not the typed ones",
     )
+    parser.add_argument(
+        "--server-logs",
+        type=Path,
+        default=None,
+        help="a folder for our servers' debug logs, one per configuration (each answer's phases)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -869,7 +906,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         name: (
             LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
             if name == LLAMA_SERVER
-            else ReplayClient(name, {**CONFIGS[name], **args.options}, args.model, workspace)
+            else ReplayClient(
+                name, {**CONFIGS[name], **args.options}, args.model, workspace, args.server_logs
+            )
         )
         for name in args.configs
     }

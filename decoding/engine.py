@@ -375,6 +375,8 @@ class SpeculativeEngine:
         cancel: CancelCheck,
     ) -> Run:
         stats = GenerationStats()
+        if hasattr(self.target.forward, "greedy_only"):  # see ModelPass
+            self.target.forward.greedy_only = config.sampling.greedy
         prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
         stats.prompt_tokens = len(prompt)
         generator = None

@@ -21,6 +21,9 @@ class ModelPass(Protocol):
     vocab_size: int
     # Relative cost of a pass over n tokens, where the pass knows it (None: the device's default).
     cost_prior: dict[int, float] | None
+    # A pass may also have ``greedy_only`` (bool, False by default): the engine sets it for each
+    # generation, True when only each row's greedy token will be read, so the pass may give
+    # the other logits approximately (``decoding.llama.LlamaForward``). Sampling sets it False.
 
     def new_cache(self) -> Any:
         """An empty cache for this model (``crop`` and ``get_seq_length`` as above)."""

@@ -4,8 +4,9 @@ Why not transformers' forward: with 4-bit weights a decode step's matmuls take a
 transformers' eager forward spent about twice that again on small ops (per-layer cache objects,
 masks built per layer, rotary tables per pass, dtype shuffles, ``torch.cat`` of the cache). Here
 a step is the minimum: per layer one norm, one product for q/k/v together, one complex multiply
-for rotary on q and k together, two copies into a preallocated cache, two attention matmuls, one
-product for the output, one norm, one product for gate and up together, one for down.
+for rotary on q and k (v multiplied by 1), one copy of k and v into a preallocated cache, the
+attention products (one per 256 keys), one product for the output, one norm, one product for
+gate and up together, one for down.
 
 Every row of a pass is computed as it would be alone (the tests check it bit for bit): the
 linear layers are batch-invariant (``quant/layers.py``), attention multiplies at least as many
@@ -129,7 +130,8 @@ class KVCache:
     ``crop`` and ``get_seq_length`` follow transformers' ``DynamicCache`` so the engine and the
     prefix store treat both alike. The buffer grows by a quarter (at least ``SPARE`` tokens)
     when a pass would overflow it; positions past ``length`` hold stale but finite values,
-    which the causal mask hides.
+    which the causal mask hides. A layer's keys and values are adjacent heads of one tensor
+    (``layer(i)``: keys first), as the projection leaves them, so a pass stores both in one copy.
     """
 
     SPARE = 256
@@ -137,19 +139,31 @@ class KVCache:
     def __init__(self, shape: LlamaShape, capacity: int = 0) -> None:
         self.shape = shape
         self.length = 0
-        self.keys = self._buffer(max(capacity, self.SPARE))
-        self.values = self._buffer(max(capacity, self.SPARE))
+        self.kv = self._buffer(max(capacity, self.SPARE))
+        self._layers = list(self.kv)
         # The last layer's output after the final norm at every position: what a draft head
         # (``decoding/head.py``) reads. 1/40 of the keys' and values' size.
         self.hidden = torch.zeros(self.capacity, shape.dim)
 
     def _buffer(self, capacity: int) -> torch.Tensor:
         s = self.shape
-        return torch.zeros(s.layers, s.kv_heads, capacity, s.head_dim)
+        return torch.zeros(s.layers, 2 * s.kv_heads, capacity, s.head_dim)
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.kv.shape[2]
+
+    def layer(self, index: int) -> torch.Tensor:
+        """Layer ``index``'s keys then values, (2 * kv_heads, capacity, head_dim)."""
+        return self._layers[index]
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.kv[:, : self.shape.kv_heads]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.kv[:, self.shape.kv_heads :]
 
     def reserve(self, extra: int) -> None:
         """Room for ``extra`` more tokens, in whole key blocks (attention reads whole blocks)."""
@@ -157,10 +171,9 @@ class KVCache:
         if need <= self.capacity:
             return
         capacity = need + max(self.SPARE, need // 4 // KEY_BLOCK * KEY_BLOCK)
-        for name in ("keys", "values"):
-            grown = self._buffer(capacity)
-            grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
-            setattr(self, name, grown)
+        grown = self._buffer(capacity)
+        grown[:, :, : self.length] = self.kv[:, :, : self.length]
+        self.kv, self._layers = grown, list(grown)
         hidden = torch.zeros(capacity, self.shape.dim)
         hidden[: self.length] = self.hidden[: self.length]
         self.hidden = hidden
@@ -173,7 +186,7 @@ class KVCache:
         self.length = max(0, self.length + n) if n < 0 else min(self.length, n)
 
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes + self.hidden.nbytes
+        return self.kv.nbytes + self.hidden.nbytes
 
 
 class LlamaForward:
@@ -194,13 +207,27 @@ class LlamaForward:
         freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
         angles = torch.outer(torch.arange(shape.max_context, dtype=torch.float64), freqs)
         self.rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
-        # q's rows also take the attention scale (applied with the rotation), k's rows do not.
+        # q's rows also take the attention scale (applied with the rotation), k's rows do not,
+        # and v's are not rotated: they are multiplied by exactly 1 + 0i, which leaves them as
+        # they are, so q, k and v come out of one multiply.
         self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
+        self.unrotated = torch.ones(1, shape.kv_heads, half, dtype=torch.complex64)
         self.min_attention_rows = attention_row_floor(shape.kv_heads, shape.head_dim)
 
     @property
     def vocab_size(self) -> int:
         return self.shape.vocab
+
+    @property
+    def greedy_only(self) -> bool:
+        """Whether a pass's caller needs only each row's greedy token exact (``ModelPass``): the
+        output layer then ranks the vocabulary by its leading term alone (``QuantizedHead``)."""
+        return bool(getattr(self.head, "greedy_only", False))
+
+    @greedy_only.setter
+    def greedy_only(self, value: bool) -> None:
+        if isinstance(self.head, QuantizedHead):
+            self.head.greedy_only = value
 
     def new_cache(self) -> KVCache:
         return KVCache(self.shape)
@@ -226,6 +253,7 @@ class LlamaForward:
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self.rotary[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
+        rotary = torch.cat([rotary, self.unrotated.expand(rows, -1, -1)], dim=1)  # and v's heads
         span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
         mask = torch.full((rows, span), float("-inf")).triu_(start + 1)  # row i sees keys up to start + i
         for index, layer in enumerate(self.layers):
@@ -249,21 +277,20 @@ class LlamaForward:
     ) -> torch.Tensor:
         s, rows = self.shape, h.shape[0]
         qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
-        rotated_heads = s.heads + s.kv_heads
-        qk = qkv[:, : rotated_heads * s.head_dim].float().view(rows, rotated_heads, s.head_dim // 2, 2)
-        qk = torch.view_as_real(torch.view_as_complex(qk) * rotary).view(rows, rotated_heads, s.head_dim)
-        v = qkv[:, rotated_heads * s.head_dim :].view(rows, s.kv_heads, s.head_dim)
-        cache.keys[index, :, start:end] = qk[:, s.heads :].transpose(0, 1)
-        cache.values[index, :, start:end] = v.transpose(0, 1)
+        all_heads = s.heads + 2 * s.kv_heads
+        qkv = torch.view_as_complex(qkv.float().view(rows, all_heads, s.head_dim // 2, 2)) * rotary
+        qkv = torch.view_as_real(qkv).view(rows, all_heads, s.head_dim)  # q and k rotated, v as is
+        kv = cache.layer(index)
+        kv[:, start:end] = qkv[:, s.heads :].transpose(0, 1)
         span = mask.shape[1]
-        keys, values = cache.keys[index, :, :span], cache.values[index, :, :span]
+        keys, values = kv[: s.kv_heads, :span], kv[s.kv_heads :, :span]
         # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
-        q = qk[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
+        q = qkv[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(s.kv_heads, s.group * rows, s.head_dim)
         padded = max(0, self.min_attention_rows - q.shape[1])
         if padded:
             q = torch.cat([q, q[:, :1].expand(-1, padded, -1)], dim=1)
-        scores = torch.matmul(q, keys.transpose(1, 2))
+        scores = torch.bmm(q, keys.transpose(1, 2))
         scores[:, : s.group * rows].view(s.kv_heads, s.group, rows, span).add_(mask)
         attended = self._weighted_values(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
@@ -272,18 +299,13 @@ class LlamaForward:
     @staticmethod
     def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """``probs @ values`` summed block by block in a fixed order; blocks past a row's keys add
-        exact zeros, so the row's result does not depend on how many keys the pass reads."""
-        kv_heads, rows, span = probs.shape
-        blocks = span // KEY_BLOCK
-        if blocks == 1:
-            return torch.matmul(probs, values)
-        parts = torch.matmul(
-            probs.view(kv_heads, rows, blocks, KEY_BLOCK).transpose(1, 2),
-            values.view(kv_heads, blocks, KEY_BLOCK, -1),
-        )  # (kv, blocks, rows, dim)
-        out = parts[:, 0]
-        for block in range(1, blocks):
-            out = out + parts[:, block]
+        exact zeros, so the row's result does not depend on how many keys the pass reads. One
+        product per block, on views of the cache (a product over all blocks at once would copy
+        the values out of the larger buffer first)."""
+        out = torch.bmm(probs[:, :, :KEY_BLOCK], values[:, :KEY_BLOCK])
+        for first in range(KEY_BLOCK, probs.shape[2], KEY_BLOCK):
+            block = slice(first, first + KEY_BLOCK)
+            out = out + torch.bmm(probs[:, :, block], values[:, block])
         return out
 
     def _feed_forward(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
@@ -313,11 +335,11 @@ def attention_row_floor(kv_heads: int, head_dim: int) -> int:
     agrees = dict.fromkeys(PROBE_ROWS, True)
     for span in spans:
         keys, values = cache[0, :, :span], cache[1, :, :span]
-        scores = torch.matmul(queries, keys.transpose(1, 2))
+        scores = torch.bmm(queries, keys.transpose(1, 2))
         probs = torch.softmax(scores, dim=-1)
         weighted = LlamaForward._weighted_values(probs, values)
         for rows in PROBE_ROWS:
-            few = torch.matmul(queries[:, :rows].contiguous(), keys.transpose(1, 2))
+            few = torch.bmm(queries[:, :rows].contiguous(), keys.transpose(1, 2))
             few_weighted = LlamaForward._weighted_values(probs[:, :rows].contiguous(), values)
             same = torch.equal(few, scores[:, :rows]) and torch.equal(few_weighted, weighted[:, :rows])
             agrees[rows] = agrees[rows] and same

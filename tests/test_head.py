@@ -11,6 +11,7 @@ import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
 from decoding.drafters.head import HeadDrafter
+from decoding.drafters.length import CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.head import (
     DraftHead,
@@ -149,6 +150,8 @@ def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, dr
         )
         if drafter_name == "auto":
             drafter.MIN_GAIN = 0.0
+        # Mostly full-length drafts (the tiny heads are rarely confident), some sized by confidence.
+        (drafter.head if drafter_name == "auto" else drafter).confident = i % 4 == 0
         result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
         assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
         assert result.text == want_text
@@ -182,6 +185,28 @@ def test_sampling_with_the_head_keeps_the_targets_distribution():
 
 class NoHiddenStates:
     length = 5
+
+
+def test_a_confident_draft_goes_only_as_far_as_its_chance_of_being_kept_pays(targets, heads):
+    """With ``confident`` the head drafts while the product of its own token probabilities beats
+    what one more token costs: every token when verifying is free, none when a wider pass costs
+    more than any chance; always a prefix of the plain draft, and priced even when empty."""
+    target, head = targets[0], heads[0]
+    drafter = head_drafter(target, head, max_draft=4)
+    tokens = own_sequences(target, 1, 30, seed=7)[0]
+    cache = target.new_cache()
+    target(tokens[:20], cache)
+    drafter.attach(cache)
+    plain = drafter.propose_exactly(tokens[:21], 4).tokens
+    drafter.cost = CostModel(prior={1: 1.0, 64: 1.0}, measured_ms={1: 1e12})  # verifying is free
+    drafter._chain_ms = 0.0  # and so is a head step (against an endless target step)
+    assert drafter.propose_exactly(tokens[:21], 4, confident=True).tokens == plain
+    drafter.cost = CostModel(prior={1: 1.0, 2: 3.0, 64: 200.0})  # one more row costs 2 steps
+    assert drafter.propose_exactly(tokens[:21], 4, confident=True).tokens == []
+    assert drafter.step_ms is not None and drafter.step_ms > 0  # the empty proposal was timed
+    drafter.cost = CostModel(prior={1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9, 5: 2.2})  # in between
+    drafted = drafter.propose_exactly(tokens[:21], 4, confident=True).tokens
+    assert drafted == plain[: len(drafted)]
 
 
 def test_the_head_waits_for_the_targets_states():
@@ -300,6 +325,7 @@ def test_the_shipped_head_drafts_for_the_default_model_on_held_out_code(default_
         plain = engine.generate(ids, config)
         with_head = engine.generate(ids, config, make_drafter("head", draft_head=head, cost=engine.cost))
         assert with_head.token_ids == plain.token_ids, rel
-        stats = with_head.stats.drafters["head"]
-        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+        stats = with_head.stats.drafters.get("head")  # none where the head was never confident
+        if stats is not None:
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
     assert accepted >= 0.2 * proposed and proposed >= 30  # an untrained head: ~0

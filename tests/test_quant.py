@@ -16,28 +16,28 @@ from decoding.drafters import make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor, from_transformers
 from decoding.models import LoadedModel
-from decoding.quant.gguf_blocks import decode_tensor, quantize_dense, supports_int4
-from decoding.quant.layers import DenseLinear, Int4Linear, QuantizedHead, linear_for
+from decoding.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
+from decoding.quant.layers import DenseLinear, Int4Linear, QuantizedHead, linear_for, ranked_terms
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
 OUT, IN = 64, 512  # two Q4_K super-blocks per row
 
 
-def random_blocks(kind: QType, rng: np.random.Generator) -> np.ndarray:
-    """Raw bytes of an (OUT, IN) tensor of ``kind``: quantized with the gguf package where it can,
+def random_blocks(kind: QType, rng: np.random.Generator, out: int = OUT) -> np.ndarray:
+    """Raw bytes of an (out, IN) tensor of ``kind``: quantized with the gguf package where it can,
     random bytes with sane fp16 scales where it only dequantizes (K-quants)."""
-    weights = rng.standard_normal((OUT, IN)).astype(np.float32)
+    weights = rng.standard_normal((out, IN)).astype(np.float32)
     if kind in (QType.Q4_0, QType.Q4_1, QType.Q8_0):
         return quants.quantize(weights, kind)
     block_size, type_size = quants.GGML_QUANT_SIZES[kind]
-    raw = rng.integers(0, 256, (OUT * IN // block_size, type_size), dtype=np.uint8)
+    raw = rng.integers(0, 256, (out * IN // block_size, type_size), dtype=np.uint8)
     scales = rng.uniform(0.001, 0.05, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
     if kind == QType.Q4_K:
         raw[:, 0:4] = scales.reshape(-1, 4)  # d, dmin
     elif kind == QType.Q6_K:
         raw[:, -2:] = scales[:, :2]  # d
-    return raw.reshape(OUT, -1)
+    return raw.reshape(out, -1)
 
 
 @pytest.mark.parametrize("kind", [QType.Q4_0, QType.Q4_1, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.F16])
@@ -98,23 +98,46 @@ def test_every_row_is_computed_as_if_it_were_alone(make):
 
 @pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
 def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
+    vocab = 1024  # more tokens than candidates
     rng = np.random.default_rng(11)
-    tensor = decode_tensor(random_blocks(kind, rng), kind, (OUT, IN))
+    tensor = decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN))
     head = QuantizedHead(tensor)
-    exact_rows = head.rows(torch.arange(OUT))
+    exact_rows = head.rows(torch.arange(vocab))
     assert torch.allclose(exact_rows, torch.from_numpy(tensor.dense()), rtol=0, atol=1e-6)
     if kind == QType.Q8_0:  # the int8 values and their scales again: exact
-        raw = random_blocks(kind, np.random.default_rng(11))
-        assert torch.equal(exact_rows, torch.from_numpy(quants.dequantize(raw, kind).reshape(OUT, IN)))
+        raw = random_blocks(kind, np.random.default_rng(11), vocab)
+        assert torch.equal(exact_rows, torch.from_numpy(quants.dequantize(raw, kind).reshape(vocab, IN)))
     x = torch.randn(40, IN)
-    logits = head(x)
     fp32 = x @ exact_rows.t()
-    top = logits.topk(QuantizedHead.CANDIDATES, dim=-1).indices
     scale = fp32.abs().max().item()
-    assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
-    assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
-    for rows in (1, 2, 3, 7, 17):
-        assert torch.equal(head(x[:rows]), logits[:rows])
+    for greedy_only in (False, True):
+        head.greedy_only = greedy_only
+        logits = head(x)
+        ranking = head.approx.leading(x) if greedy_only else head.approx(x)
+        top = ranking.float().topk(QuantizedHead.CANDIDATES, dim=-1).indices  # the candidates
+        assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
+        assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
+        for rows in (1, 2, 3, 7, 17):
+            assert torch.equal(head(x[:rows]), logits[:rows])
+        if not greedy_only:  # every logit within the kernel's bf16 rounding: what sampling sees
+            assert torch.allclose(logits, fp32, rtol=0, atol=scale * 2**-6)
+
+
+def test_a_two_term_weight_keeps_its_sum_with_the_group_means_moved_into_the_leading_term():
+    rng = np.random.default_rng(5)
+    kind = QType.Q8_0
+    tensor = decode_tensor(random_blocks(kind, rng), kind, (OUT, IN))
+    hi, lo = tensor.terms
+    leading, rest = ranked_terms(tensor.terms)
+    assert np.array_equal(leading.q, hi.q) and np.array_equal(rest.q, lo.q)
+    np.testing.assert_allclose(leading.dense() + rest.dense(), tensor.dense(), rtol=0, atol=1e-6)
+    error = (leading.dense() - tensor.dense()).reshape(OUT, IN // GROUP, GROUP)
+    step = np.repeat(lo.scale[:, :, None], GROUP, axis=2)
+    assert np.all(np.abs(error) <= 15 * step + 1e-6)  # off by at most the other term's span
+    np.testing.assert_allclose(error.mean(-1), 0, atol=1e-6)  # and right on average in each group
+    (only,) = decode_tensor(random_blocks(QType.Q4_1, rng), QType.Q4_1, (OUT, IN)).terms
+    (same,) = ranked_terms([only])
+    assert np.array_equal(same.dense(), only.dense())
 
 
 def lean(seed: int, bits: int, layers: int = 2):
@@ -227,6 +250,17 @@ def assert_speculative_greedy_is_plain_greedy(targets, near, drafter_name: str, 
 def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_pairs, drafter_name):
     """200 prompt/stop cases per drafter, as for the fp32 models in test_engine_greedy."""
     assert_speculative_greedy_is_plain_greedy(*quantized_pairs, drafter_name, lean_loaded)
+
+
+def test_the_engine_lets_the_output_layer_rank_by_its_leading_term_only_when_decoding_greedily():
+    forward = lean(9, 4)
+    assert isinstance(forward.head, QuantizedHead) and len(forward.head.approx.packed) == 2  # Q8_0
+    engine = SpeculativeEngine(lean_loaded(forward))
+    assert not forward.greedy_only  # full logits unless asked
+    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=2))
+    assert forward.greedy_only and forward.head.greedy_only
+    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=2, temperature=0.8, seed=1))
+    assert not forward.greedy_only and not forward.head.greedy_only
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.replay import RequestRecord, shown_by_all, summarize
 from tests import lsp_helpers as h
 
 
@@ -49,6 +50,8 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
             "--out",
             str(out),
             "--workspace",  # the file not typed: our servers' workspace
+            "--server-logs",
+            str(tmp_path / "logs"),
         ],
         capture_output=True,
         text=True,
@@ -77,3 +80,29 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
         memory = payload["summary"][config]["memory"]
         assert 100 < memory["ready_rss_mb"] <= memory["peak_rss_mb"]
         assert 100 < memory["end_rss_mb"] <= memory["peak_rss_mb"]
+    for config in ("shipped", "baseline"):  # each server's debug log: one line per answer
+        log = (tmp_path / "logs" / f"{config}.log").read_text()
+        assert log.count(" ms: ") >= keystrokes // 2
+
+
+def record(config: str, key: int, latency_ms: float, suggestion: str | None, at_pause: bool = True):
+    return RequestRecord(config, "a.py", key, 0.0, latency_ms, False, at_pause, suggestion, "x", False, 0)
+
+
+def test_the_like_for_like_median_takes_only_keystrokes_where_every_configuration_showed_one():
+    records = [
+        record("ours", 0, 5.0, "a"),  # both show: counted
+        record("peer", 0, 30.0, "a"),
+        record("ours", 1, 400.0, "a block"),  # only ours shows: left out of the like-for-like set
+        record("peer", 1, 9.0, None),
+        record("ours", 2, 7.0, "b", at_pause=False),  # not at a pause
+        record("peer", 2, 40.0, "b", at_pause=False),
+        record("ours", 3, 9.0, "c"),
+        record("peer", 3, 50.0, "c"),
+    ]
+    assert shown_by_all(records) == {("a.py", 0), ("a.py", 3)}
+    summary = summarize(records, {}, typed_chars=10, baseline="peer")
+    assert summary["ours"]["shown_by_all_at_pauses"] == 2
+    assert summary["ours"]["p50_ms_shown_by_all_at_pauses"] == 5.0
+    assert summary["peer"]["p50_ms_shown_by_all_at_pauses"] == 30.0
+    assert summary["ours"]["p50_ms_nonempty_at_pauses"] == 9.0  # its own three shown answers

@@ -107,9 +107,10 @@ class AutoDrafter:
         if not candidates:
             return Draft(source=self.name)
         _, source, k = max(candidates)
-        if source == "head":
+        if source == "head":  # as many tokens as the head is confident enough of
             assert self.head is not None
-            return self.head.propose_exactly(tokens, k)
+            k = min(max_len, self.head.max_draft)
+            return self.head.propose_exactly(tokens, k, confident=self.head.confident)
         if source == "ngram":
             assert match is not None
             return Draft(

@@ -7,8 +7,18 @@ find which still hold, as the draft model does; each proposal computes the missi
 in one pass, then chains speculative ones (its own estimate standing in for f) over any tokens
 the target has not fed yet and over the tokens it drafts, and crops them off again.
 
-The head attends over at most ``WINDOW`` entries back from where it was last restarted, the
-length it was trained on; past twice that it restarts from the last ``WINDOW`` positions.
+The head attends over at most ``2 * WINDOW`` entries (it was trained on ``WINDOW``). Where it
+is behind by more than ``RESTART`` tokens (a new prompt, an edit far back) it restarts from the
+last ``RESTART`` positions instead of catching up: on held-out code its agreement hardly depends
+on how many entries it sees past the first 8 (0.42-0.46 from 8 to 255), and a pass over 32
+entries takes ~1 ms against ~5 ms over 256.
+
+How far to draft: the head's probability for its own token is calibrated (on held-out code its
+greedy token agrees with the target's about as often as that probability says: 12% of the time
+below 0.1, 98% above 0.9), so the product of those probabilities is the chance that a whole
+chain is kept. Where ``auto`` drafts from the head it goes on while that chance beats what one
+more token costs (its share of a wider verify pass and a head step, ``_worth``), as EAGLE-2
+sizes its drafts by confidence, and stops (possibly before the first token) where it does not.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 
 from decoding.drafters.base import Draft
-from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.drafters.length import AcceptanceStats, CostModel
 from decoding.head import DraftHead, HeadCache, load_head, output_rows, shipped_head, target_fingerprint
 from decoding.kv_cache import common_prefix_length
 from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
@@ -39,6 +49,7 @@ Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
 class HeadDrafter:
     name = "head"
     WINDOW = 256
+    RESTART = 32
     # Tokens the target has not fed yet that the head may chain over before drafting (a draft
     # riding on a short prefill); past this it waits for the target's own hidden states.
     MAX_UNFED = 4
@@ -65,8 +76,15 @@ class HeadDrafter:
         self.vocab_size, self.eos = vocab_size, eos
         self.max_draft = max_draft
         self.cost = cost or CostModel.for_device("cpu")
+        # Draft only as far as the head's confidence pays (``propose`` and ``auto``); off, every
+        # proposal drafts its full length (tests see drafts rejected at every position).
+        self.confident = True
         self.stats = AcceptanceStats(priors={0: 0.5})
-        self.step_ms: float | None = None  # EMA of a proposal's time per drafted token
+        # EMAs of a proposal's time and of the tokens it drafted: their ratio prices a drafted
+        # token, proposals that drafted nothing included.
+        self._proposal_ms: float | None = None
+        self._proposal_tokens: float | None = None
+        self._chain_ms: float | None = None  # EMA of one chained step: what one more token costs
         self._sampling = SamplingParams()
         self._generator: torch.Generator | None = None
         # The target's cache (``hidden`` and ``length``), weakly: a cache the prefix store evicts
@@ -97,9 +115,32 @@ class HeadDrafter:
         """Nothing per session: entries are recomputed from the target's cache when tokens differ."""
 
     @property
+    def step_ms(self) -> float | None:
+        """A proposal's time per drafted token."""
+        if self._proposal_ms is None or self._proposal_tokens is None:
+            return None
+        return self._proposal_ms / max(self._proposal_tokens, 0.25)
+
+    @property
     def relative_cost(self) -> float:
+        target, mine = self.cost.step_ms, self.step_ms
+        return mine / target if (mine is not None and target) else 0.05
+
+    def _timed(self, ms: float, drafted: int) -> None:
+        if self._proposal_ms is None or self._proposal_tokens is None:
+            self._proposal_ms, self._proposal_tokens = ms, float(drafted)
+            return
+        self._proposal_ms += 0.2 * (ms - self._proposal_ms)
+        self._proposal_tokens += 0.2 * (drafted - self._proposal_tokens)
+
+    def _worth(self, drafted: int, chance: float) -> bool:
+        """Whether a token drafted after ``drafted`` others, kept with probability ``chance``
+        (all before it kept too), is expected to save more than it costs, in target steps: a
+        wider verify pass, and the head step that drafts the token after it."""
+        wider = self.cost.verify(drafted + 1) - (self.cost.verify(drafted) if drafted else 1.0)
         target = self.cost.step_ms
-        return self.step_ms / target if (self.step_ms and target) else 0.05
+        step = self._chain_ms / target if (self._chain_ms is not None and target) else 0.05
+        return chance > wider + step
 
     def usable(self, tokens: Sequence[int]) -> bool:
         """Whether the target's cache holds enough of ``tokens`` to draft after them."""
@@ -130,8 +171,8 @@ class HeadDrafter:
         """True entries up to ``fed - 1`` (entry j reads f_j and token j+1); the last one's g."""
         valid = min(common_prefix_length(self._tokens, tokens) - 1, fed) - self._base
         valid = min(valid, self._cache.length)
-        if valid <= 0 or fed - (self._base + valid) > self.WINDOW or self._cache.length > 2 * self.WINDOW:
-            self._cache, self._base, valid = HeadCache(), max(0, fed - self.WINDOW), 0
+        if valid <= 0 or fed - (self._base + valid) > self.RESTART or self._cache.length > 2 * self.WINDOW:
+            self._cache, self._base, valid = HeadCache(), max(0, fed - self.RESTART), 0
         start = self._base + valid
         if start == fed:  # every entry still holds: recompute the last one for its g
             start, valid = fed - 1, valid - 1
@@ -141,27 +182,30 @@ class HeadDrafter:
         self._tokens = list(tokens[: fed + 1])
         return g[-1]
 
-    def _choose(self, g: torch.Tensor, rows: list[torch.Tensor]) -> int:
-        """The draft token after g: greedy over the head's tokens, or sampled from the
-        full-vocabulary distribution they make (every other token -inf), which goes to ``rows``."""
+    def _choose(self, g: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
+        """The draft token after g, the head's probability for it, and (sampling) the
+        full-vocabulary distribution it was drawn from: greedy over the head's tokens, or
+        sampled from the distribution they make (every other token -inf)."""
         scores = (self.output_rows @ g.to(self.output_rows.dtype)).float()
         vocab = self.head.vocab
         if self._sampling.greedy:
             best = int(scores.argmax())
-            return int(vocab[best]) if len(vocab) else best
+            confidence = float(1.0 / torch.exp(scores - scores[best]).sum())
+            return (int(vocab[best]) if len(vocab) else best), confidence, None
         logits = scores
         if len(vocab):
             logits = torch.full((self.vocab_size,), float("-inf"))
             logits[vocab] = scores
         q = sampling_probs(logits, self._sampling)
-        rows.append(q)
-        return sample(q, self._generator)
+        token = sample(q, self._generator)
+        return token, float(q[token]), q
 
     # -- proposing ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:
-        """Draft ``k`` tokens (fewer at an end-of-text token); empty when the target's cache does
-        not hold enough of ``tokens`` (``usable``)."""
+    def propose_exactly(self, tokens: Sequence[int], k: int, confident: bool = False) -> Draft:
+        """Draft ``k`` tokens (fewer at an end-of-text token; with ``confident``, only as many as
+        are worth verifying, see the module's docstring); empty when the target's cache does not
+        hold enough of ``tokens`` (``usable``)."""
         if k <= 0 or not self.usable(tokens):
             return Draft(source=self.name)
         started = time.perf_counter()
@@ -172,25 +216,30 @@ class HeadDrafter:
             g = self._step(g[None], [tokens[j + 1]], j)[-1]
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
+        chance = 1.0  # that every token drafted so far is kept
         for i in range(k):
-            token = self._choose(g, rows)
+            token, confidence, q = self._choose(g)
+            chance *= confidence
+            if confident and not self._worth(i, chance):
+                break
             drafted.append(token)
+            if q is not None:
+                rows.append(q)
             if i == k - 1 or token in self.eos:
                 break
+            step_started = time.perf_counter()
             g = self._step(g[None], [token], len(tokens) - 1 + i)[-1]
+            ms = (time.perf_counter() - step_started) * 1000
+            self._chain_ms = ms if self._chain_ms is None else self._chain_ms + 0.2 * (ms - self._chain_ms)
         self._cache.crop(true_entries)
-        # The whole proposal per drafted token: catching up with the target's new states (a pass
-        # over the tokens it accepted) is part of what a draft costs.
-        ms = (time.perf_counter() - started) * 1000 / len(drafted)
-        self.step_ms = ms if self.step_ms is None else self.step_ms + 0.2 * (ms - self.step_ms)
+        # The whole proposal: catching up with the target's new states (a pass over the tokens
+        # it accepted) is part of what a draft costs.
+        self._timed((time.perf_counter() - started) * 1000, len(drafted))
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
-        k, _ = best_draft_length(
-            self.stats.alpha(), min(max_len, self.max_draft), self.cost, draft_cost=self.relative_cost
-        )
-        return self.propose_exactly(tokens, k)
+        return self.propose_exactly(tokens, min(max_len, self.max_draft), confident=self.confident)
 
     def observe(self, draft: Draft, accepted: int) -> None:
         self.stats.update(0, accepted, len(draft))

@@ -42,11 +42,18 @@ class Int4Linear(torch.nn.Module):
         self.packed = packed
         self.scales = scales
 
+    def leading(self, x: torch.Tensor) -> torch.Tensor:
+        """The first term's product alone."""
+        return self._term(x.to(torch.bfloat16), 0)
+
+    def _term(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[index], GROUP, self.scales[index])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[0], GROUP, self.scales[0])
-        for packed, scales in zip(self.packed[1:], self.scales[1:], strict=True):
-            out = out + torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales)
+        out = self._term(x, 0)
+        for index in range(1, len(self.packed)):
+            out = out + self._term(x, index)
         return out
 
     def nbytes(self) -> int:
@@ -83,14 +90,25 @@ class QuantizedHead(torch.nn.Module):
     the fp32 layer's (measured: the same next-token agreement with the dequantized fp32 model,
     99.2%, as the dense fp32 layer), the other logits stay the kernel's. Every step is per row,
     so the layer stays batch-invariant. The same table serves the input embedding lookup.
+
+    Picking candidates needs only a ranking. A weight of two terms (Q8_0, what GGUF files keep
+    the output layer in) is kept as a leading term with each group's mean of the other folded
+    into its zero, plus that other term less its means (``ranked_terms``; the same sum). When
+    only each row's greedy token matters (``greedy_only``, which the engine sets for greedy
+    generations) the leading term alone ranks the tokens: half the bytes a step reads (0.39
+    against 0.99 ms here), and the logits outside the candidates are then 4-bit approximations.
+    They decide nothing greedy, and sampling never sees them: it gets both terms, as before.
+    ``benchmarks/head_ranking.py`` measures how often the fp32 layer's greedy token is among
+    the leading term's candidates on real code (every time in 32k positions; at worst 36th).
     """
 
-    CANDIDATES = 64
+    CANDIDATES = 128  # the fp32 greedy token ranked at worst 36th on 32k held-out positions
 
     def __init__(self, tensor: QuantTensor) -> None:
         super().__init__()
         assert tensor.terms is not None
-        self.approx = Int4Linear(tensor.terms)
+        self.approx = Int4Linear(ranked_terms(tensor.terms))
+        self.greedy_only = False
         self.out_features, self.in_features = tensor.shape
         if len(tensor.terms) == 2:  # Q8_0 split as 16 * (hi - 8) + lo: the int8 values again
             hi, lo = tensor.terms
@@ -113,7 +131,7 @@ class QuantizedHead(torch.nn.Module):
         return grouped.view(*index.shape, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.approx(x).float()
+        logits = (self.approx.leading(x) if self.greedy_only else self.approx(x)).float()
         top = logits.topk(min(self.CANDIDATES, self.out_features), dim=-1).indices  # (rows, CANDIDATES)
         exact = (self.rows(top) * x.float().unsqueeze(1)).sum(-1)
         return logits.scatter_(1, top, exact)
@@ -121,6 +139,21 @@ class QuantizedHead(torch.nn.Module):
     def nbytes(self) -> int:
         extra = self.zero.nbytes if self.zero is not None else 0
         return self.approx.nbytes() + self.values.nbytes + self.scale.nbytes + extra
+
+
+def ranked_terms(terms: list[Int4Term]) -> list[Int4Term]:
+    """The same sum as ``terms``, with the first term alone as close to it as one term can be:
+    each later term's group means move into the first term's zeros (the closest constants to
+    add, in squares). One term is returned as it is."""
+    first, rest = terms[0], terms[1:]
+    zero, centred = first.zero.astype(np.float32), []
+    for term in rest:
+        out_features, in_features = term.q.shape
+        mean_q = term.q.reshape(out_features, in_features // GROUP, GROUP).mean(-1, dtype=np.float32)
+        mean = (mean_q - 8) * term.scale + term.zero  # each group's mean value
+        zero = zero + mean
+        centred.append(Int4Term(term.q, term.scale, term.zero - mean))
+    return [Int4Term(first.q, first.scale, zero), *centred]
 
 
 def linear_for(tensor: QuantTensor) -> torch.nn.Module:
