@@ -885,9 +885,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+def pick_segments(args: argparse.Namespace, files: Sequence[tuple[str, Path]]) -> list[Segment]:
+    """``--files`` stretches of ``--lines`` lines, from the corpus in a seeded order."""
     rng = random.Random(args.seed)
-    files = corpus_files(args.corpus)
     segments: list[Segment] = []
     order = list(range(len(files)))
     rng.shuffle(order)
@@ -898,6 +898,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             segments.append(segment)
         if len(segments) == args.files:
             break
+    return segments
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    files = corpus_files(args.corpus)
+    segments = pick_segments(args, files)
     scripts = [typing_script(s.typed, args.cps, random.Random(f"{args.seed}:{s.file}")) for s in segments]
     workspace = None
     if args.workspace:
