@@ -140,7 +140,7 @@ class KVCache:
         self.shape = shape
         self.length = 0
         self.kv = self._buffer(max(capacity, self.SPARE))
-        self._layers = list(self.kv)
+        self._layers = list(self.kv)  # each layer's view, made once: not a select per layer per pass
         # The last layer's output after the final norm at every position: what a draft head
         # (``decoding/head.py``) reads. 1/40 of the keys' and values' size.
         self.hidden = torch.zeros(self.capacity, shape.dim)

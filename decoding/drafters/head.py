@@ -35,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 
 from decoding.drafters.base import Draft
-from decoding.drafters.length import AcceptanceStats, CostModel
+from decoding.drafters.length import AcceptanceStats, CostModel, ema
 from decoding.head import DraftHead, HeadCache, load_head, output_rows, shipped_head, target_fingerprint
 from decoding.kv_cache import common_prefix_length
 from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
@@ -121,26 +121,21 @@ class HeadDrafter:
             return None
         return self._proposal_ms / max(self._proposal_tokens, 0.25)
 
+    def _in_steps(self, ms: float | None) -> float:
+        """``ms`` in target steps (0.05 until both are measured)."""
+        target = self.cost.step_ms
+        return ms / target if (ms is not None and target) else 0.05
+
     @property
     def relative_cost(self) -> float:
-        target, mine = self.cost.step_ms, self.step_ms
-        return mine / target if (mine is not None and target) else 0.05
-
-    def _timed(self, ms: float, drafted: int) -> None:
-        if self._proposal_ms is None or self._proposal_tokens is None:
-            self._proposal_ms, self._proposal_tokens = ms, float(drafted)
-            return
-        self._proposal_ms += 0.2 * (ms - self._proposal_ms)
-        self._proposal_tokens += 0.2 * (drafted - self._proposal_tokens)
+        return self._in_steps(self.step_ms)
 
     def _worth(self, drafted: int, chance: float) -> bool:
         """Whether a token drafted after ``drafted`` others, kept with probability ``chance``
         (all before it kept too), is expected to save more than it costs, in target steps: a
         wider verify pass, and the head step that drafts the token after it."""
         wider = self.cost.verify(drafted + 1) - (self.cost.verify(drafted) if drafted else 1.0)
-        target = self.cost.step_ms
-        step = self._chain_ms / target if (self._chain_ms is not None and target) else 0.05
-        return chance > wider + step
+        return chance > wider + self._in_steps(self._chain_ms)
 
     def usable(self, tokens: Sequence[int]) -> bool:
         """Whether the target's cache holds enough of ``tokens`` to draft after them."""
@@ -229,12 +224,12 @@ class HeadDrafter:
                 break
             step_started = time.perf_counter()
             g = self._step(g[None], [token], len(tokens) - 1 + i)[-1]
-            ms = (time.perf_counter() - step_started) * 1000
-            self._chain_ms = ms if self._chain_ms is None else self._chain_ms + 0.2 * (ms - self._chain_ms)
+            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - step_started) * 1000)
         self._cache.crop(true_entries)
         # The whole proposal: catching up with the target's new states (a pass over the tokens
         # it accepted) is part of what a draft costs.
-        self._timed((time.perf_counter() - started) * 1000, len(drafted))
+        self._proposal_ms = ema(self._proposal_ms, (time.perf_counter() - started) * 1000)
+        self._proposal_tokens = ema(self._proposal_tokens, len(drafted))
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)
 

@@ -54,6 +54,11 @@ def _interpolate(table: dict[int, float], n: int) -> float:
     return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
 
 
+def ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    """An exponential moving average: ``new`` itself when there is no ``old`` yet."""
+    return new if old is None else old + weight * (new - old)
+
+
 @dataclass
 class CostModel:
     """Milliseconds per target pass by number of tokens fed, as an exponential moving average."""
@@ -71,8 +76,7 @@ class CostModel:
         return cls(prior=dict(prior))
 
     def record(self, n_tokens: int, ms: float) -> None:
-        old = self.measured_ms.get(n_tokens)
-        self.measured_ms[n_tokens] = ms if old is None else old + self.smoothing * (ms - old)
+        self.measured_ms[n_tokens] = ema(self.measured_ms.get(n_tokens), ms, self.smoothing)
 
     @property
     def step_ms(self) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from decoding.drafters.base import Draft
-from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
+from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length, ema
 from decoding.kv_cache import PrefixCache, common_prefix_length
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
@@ -117,7 +117,7 @@ class ModelDrafter:
             started = time.perf_counter()
             logits = self._forward([token])
             ms = (time.perf_counter() - started) * 1000
-            self.step_ms = ms if self.step_ms is None else self.step_ms + 0.2 * (ms - self.step_ms)
+            self.step_ms = ema(self.step_ms, ms)
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)
 
