@@ -42,6 +42,7 @@ from decoding.head import (
     expected_tokens_per_pass,
     load_head,
     output_rows,
+    shipped_head,
     target_fingerprint,
 )
 from decoding.models import LoadedModel, cache_root, load_model
@@ -243,6 +244,8 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
     rows_out = output_rows(target.model.forward, head.vocab)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     steps_per_epoch = sum(-(-shard_sequences(shard) // args.batch) for shard in shards)
+    bf16 = use_bf16(args.precision, head.config.dim)
+    log.info("training in %s", "bf16 autocast" if bf16 else "fp32")
     for epoch in range(done, args.epochs):
         head.train()
         bar = tqdm(
@@ -258,7 +261,8 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
                 group["lr"] = args.lr * min(1.0, t * 50) * (0.55 + 0.45 * math.cos(t * math.pi))
             with torch.no_grad():
                 embeds = target.embed(tokens[:, 1:])
-            loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -272,6 +276,18 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
             "loss": [*progress.get("loss", []), sum(losses) / max(1, len(losses))],
         }
         state.write_text(json.dumps(progress))
+
+
+def use_bf16(precision: str, dim: int) -> bool:
+    """Whether to train under bf16 autocast: asked for, or (``auto``) where this CPU multiplies
+    in bf16 faster than in fp32 (about twice as fast on the AVX-512 machine, which is what makes
+    more than a few epochs fit in a session there). The weights, the optimizer and the report
+    stay fp32."""
+    if precision == "auto":
+        from decoding.drafters.head import bf16_scores_faster
+
+        return bf16_scores_faster(8192, dim)
+    return precision == "bf16"
 
 
 # -- report ------------------------------------------------------------------------------------------
@@ -300,6 +316,35 @@ def agreement(head: DraftHead, target: Target, shards: list[Path], depth: int) -
     return [h / max(1, s) for h, s in zip(hits, seen, strict=True)]
 
 
+def starting_head(args: argparse.Namespace, target: Target, shards: list[Path], folder: Path) -> DraftHead:
+    """The run's own last checkpoint (resuming), else ``--init``'s weights, else a new head."""
+    if (folder / "progress.json").exists():
+        log.info("resuming %s", folder)
+        return load_head(folder).train()
+    if args.init:
+        start = shipped_head(target.fingerprint) if args.init == "shipped" else Path(args.init).expanduser()
+        if start is None:
+            raise SystemExit(f"no head ships for {target.fingerprint}")
+        head = load_head(start)
+        if head.config.target and head.config.target != target.fingerprint:
+            raise SystemExit(f"{start}: a head for another model ({head.config.target})")
+        log.info("starting from %s", start)
+        return head.train()
+    shape = target.model.forward.shape
+    config = HeadConfig(
+        shape.dim,
+        shape.heads,
+        shape.kv_heads,
+        shape.ffn,
+        shape.rope_theta,
+        shape.norm_eps,
+        True,
+        target.fingerprint,
+    )
+    vocab = frequent_tokens(shards, args.vocab, shape.vocab) if args.vocab else torch.arange(shape.vocab)
+    return DraftHead(config, vocab)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m decoding.train_head", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default", help="the target (default: the embedded SmolLM2)")
@@ -323,6 +368,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise", type=float, default=0.1, help="noise on the target's states in training")
     parser.add_argument(
         "--ce-weight", type=float, default=1.0, help="the cross-entropy's weight beside the regression"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="bf16: train under bf16 autocast (auto: where this CPU does bf16 faster)",
+    )
+    parser.add_argument(
+        "--init",
+        default=None,
+        help="start a new run from a head's weights: a folder, or 'shipped' (the target's shipped head)",
     )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -353,27 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
     )
     folder = args.out or work / "head"
-    if (folder / "progress.json").exists():
-        head = load_head(folder).train()
-        log.info("resuming %s", folder)
-    else:
-        shape = target.model.forward.shape
-        config = HeadConfig(
-            shape.dim,
-            shape.heads,
-            shape.kv_heads,
-            shape.ffn,
-            shape.rope_theta,
-            shape.norm_eps,
-            True,
-            target.fingerprint,
-        )
-        vocab = (
-            frequent_tokens(train_shards, args.vocab, shape.vocab)
-            if args.vocab
-            else torch.arange(shape.vocab)
-        )
-        head = DraftHead(config, vocab)
+    head = starting_head(args, target, train_shards, folder)
     started = time.perf_counter()
     train(head, target, train_shards, args, folder)
     rates = agreement(head, target, test_shards, args.depth)

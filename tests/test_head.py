@@ -307,6 +307,19 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
     drafter.attach(cache)
     assert len(drafter.propose_exactly(ids, 4).tokens) == 4
 
+    # A new run may start from a trained head (``--init``), here under bf16 autocast: its first
+    # epoch starts where the first run ended, not from random weights.
+    again = tmp_path / "again"
+    init_argv = [*argv[: argv.index("--out")], "--out", str(again), *argv[argv.index("--out") + 2 :]]
+    init_argv += ["--init", str(out), "--precision", "bf16", "--epochs", "1"]
+    assert main(init_argv) == 0
+    assert json.loads((again / "progress.json").read_text())["loss"][0] < progress["loss"][0]
+    assert torch.equal(load_head(again).vocab, load_head(out).vocab)
+    shipped_argv = [a if a != str(again) else str(tmp_path / "third") for a in init_argv]
+    shipped_argv[shipped_argv.index(str(out))] = "shipped"
+    with pytest.raises(SystemExit, match="no head ships"):  # none is shipped for the tiny model
+        main(shipped_argv)
+
 
 @pytest.mark.real_model
 def test_the_shipped_head_drafts_for_the_default_model_on_held_out_code(default_model):
