@@ -243,7 +243,13 @@ class Bench:
     learn acceptance statistics across prompts the way they do in a long-lived server."""
 
     def __init__(
-        self, target: LoadedModel, draft: LoadedModel | None, *, max_new_tokens: int, peers: bool
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None,
+        *,
+        max_new_tokens: int,
+        peers: bool,
+        draft_head: str = "auto",
     ) -> None:
         self.target, self.draft = target, draft
         self.engine = SpeculativeEngine(target)
@@ -255,11 +261,11 @@ class Bench:
         if draft is not None:
             self.drafters["model"] = make_drafter("model", draft_model=draft, cost=self.engine.cost)
         cost = self.engine.cost
-        head = load_head_drafter(target, "auto", cost=cost)
+        head = load_head_drafter(target, draft_head, cost=cost)
         if head is not None:  # the shipped draft head alone, and auto with and without it
             self.drafters["head"] = make_drafter("head", draft_head=head, cost=cost)
             self.drafters["auto_no_head"] = make_drafter("auto", draft_model=draft, cost=cost)
-            head = load_head_drafter(target, "auto", cost=cost)  # auto's own, with its own statistics
+            head = load_head_drafter(target, draft_head, cost=cost)  # auto's own, with its own statistics
         self.drafters["auto"] = make_drafter("auto", draft_model=draft, draft_head=head, cost=cost)
         self.peers: dict[str, dict[str, Any]] = {}
         if peers:
@@ -722,6 +728,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
         "none: dequantized fp32, the only format transformers' peers can run)",
     )
+    parser.add_argument(
+        "--draft-head",
+        default="auto",
+        help="the head of the head methods, as the draftHead setting (default auto: the shipped one)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ... (default auto)")
     parser.add_argument(
         "--dtype",
@@ -759,9 +770,8 @@ def main(argv: list[str] | None = None) -> int:
         draft = load_model(args.model, device=args.device, dtype="bfloat16", quantization="none")
         check_draft_compatible(target, draft)
     log.info("models loaded in %.1f s (%s weights)", time.perf_counter() - started, target.quantization)
-    bench = Bench(
-        target, draft, max_new_tokens=args.max_new_tokens, peers=not args.no_peers and in_transformers
-    )
+    peers = not args.no_peers and in_transformers
+    bench = Bench(target, draft, max_new_tokens=args.max_new_tokens, peers=peers, draft_head=args.draft_head)
     log.info("methods: %s", ", ".join(bench.methods))
     files = stdlib_files()
 
@@ -852,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model,
             "quantization": target.quantization,
             "draft_model": None if draft is None else f"{args.model} (bfloat16 copy)",
+            "draft_head": args.draft_head,
             "methods": bench.methods,
             "stop_at_newline": True,
             "greedy": True,
