@@ -166,6 +166,18 @@ def extract(
     return shards
 
 
+def work_folder(target: Target) -> Path:
+    """Where a target's features and default head live in the cache."""
+    return cache_root() / "heads" / target.fingerprint.replace(":", "-")
+
+
+def features(target: Target, root: Path, holdout: bool, tokens: int, sequence: int, seed: int) -> list[Path]:
+    """The cached feature shards of ``tokens`` tokens of one side of ``root``'s split (made if missing)."""
+    tag = f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}-{sequence}"
+    folder = work_folder(target) / f"{'held-out' if holdout else 'train'}-{tag}-{tokens}"
+    return extract(target, corpus_files(root, holdout=holdout), folder, sequence, tokens, seed)
+
+
 def frequent_tokens(shards: list[Path], size: int, vocab: int) -> torch.Tensor:
     """The ``size`` most frequent tokens of the training shards, ascending ids."""
     from safetensors.torch import load_file
@@ -390,25 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     target = Target.load(args.model, args.quantization)
     root = args.corpus or stdlib_root()
-    work = cache_root() / "heads" / target.fingerprint.replace(":", "-")
-    tag = f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}-{args.sequence}"
-    train_shards = extract(
-        target,
-        corpus_files(root, holdout=False),
-        work / f"train-{tag}-{args.tokens}",
-        args.sequence,
-        args.tokens,
-        args.seed,
-    )
-    test_shards = extract(
-        target,
-        corpus_files(root, holdout=True),
-        work / f"held-out-{tag}-{args.held_out_tokens}",
-        args.sequence,
-        args.held_out_tokens,
-        args.seed,
-    )
-    folder = args.out or work / "head"
+    train_shards = features(target, root, False, args.tokens, args.sequence, args.seed)
+    test_shards = features(target, root, True, args.held_out_tokens, args.sequence, args.seed)
+    folder = args.out or work_folder(target) / "head"
     head = starting_head(args, target, train_shards, folder)
     started = time.perf_counter()
     train(head, target, train_shards, args, folder)

@@ -1,0 +1,120 @@
+"""Would a tree of head drafts pay where a chain does? Measured on held-out code.
+
+A chain of m drafted tokens keeps its d-th token with probability a_1 * c_2 * ... * c_d (a_1 the
+head's first-position agreement with the target, c_d its agreement at position d given the ones
+before agreed). A tree of m nodes may instead verify the head's 2nd or 3rd choice at the first
+position beside its first (EAGLE-2's dynamic tree picks the m nodes most likely to be kept). At
+most one path is accepted, so the tokens a pass is expected to keep are the sum, over the nodes
+sent, of the chance that the node is on it. This measures on held-out standard-library files
+(``decoding.train_head``'s split and feature cache):
+
+- the share of positions where the head's 1st, 2nd and 3rd choice at the first position is the
+  target's greedy token;
+- the chain's conditional agreement at positions 2..depth (``train_head.agreement``);
+
+and prints, for m = 1..depth draft rows, the tokens expected to be kept by the chain and by the
+best tree of m nodes, where a node under a 2nd or 3rd choice is credited the chain's own
+conditional rates (generous to the tree: the head's later guesses after a weaker first one are
+no better). ::
+
+    python -m benchmarks.head_tree                      # the shipped head, ~1 min on 2 cores
+    python -m benchmarks.head_tree --draft-head FOLDER  # another head for the default model
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from decoding.head import load_head, output_rows, shipped_head
+from decoding.train_head import Target, agreement, batches, chain_outputs, features, stdlib_root
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_tree.json"
+
+
+@torch.no_grad()
+def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> list[float]:
+    """How often the head's k-th best token at the first draft position is the target's greedy one."""
+    rows_out = output_rows(target.model.forward, head.vocab)
+    hits, seen = [0] * top, 0
+    for tokens, hidden in batches(shards, 8, 0):
+        truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
+        g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
+        best = head.vocab[(g @ rows_out.T).topk(top, -1).indices]
+        for k in range(top):
+            hits[k] += int((best[..., k] == truth).sum())
+        seen += truth.numel()
+    return [h / seen for h in hits]
+
+
+def chain_kept(rates: list[float], m: int) -> float:
+    """Tokens a chain of ``m`` drafted tokens is expected to keep (rates: a_1, c_2, c_3, ...)."""
+    total, run = 0.0, 1.0
+    for rate in rates[:m]:
+        run *= rate
+        total += run
+    return total
+
+
+def tree_kept(firsts: list[float], rates: list[float], m: int) -> float:
+    """Tokens the best tree of ``m`` nodes is expected to keep: each first-position choice k
+    (kept with ``firsts[k]``) heads a chain with the conditional ``rates[1:]``; nodes are taken
+    greedily by their chance of being kept, which never grows along a path, so a node's parent
+    is always taken before it."""
+    frontier = [(-p, 0, k) for k, p in enumerate(firsts)]  # (-chance, depth, branch)
+    heapq.heapify(frontier)
+    total = 0.0
+    for _ in range(m):
+        if not frontier:
+            break
+        chance, depth, branch = heapq.heappop(frontier)
+        total -= chance
+        if depth + 1 < len(rates):
+            heapq.heappush(frontier, (chance * rates[depth + 1], depth + 1, branch))
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.head_tree", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--draft-head", default="auto", help="a head's folder (default: the shipped one)")
+    parser.add_argument("--tokens", type=int, default=32_768, help="held-out tokens (default 32768)")
+    parser.add_argument("--depth", type=int, default=4, help="draft rows to compare up to (default 4)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    target = Target.load("default")
+    folder = shipped_head(target.fingerprint) if args.draft_head == "auto" else Path(args.draft_head)
+    if folder is None:
+        raise SystemExit("no head ships for the default model")
+    head = load_head(folder)
+    shards = features(target, stdlib_root(), True, args.tokens, 256, 0)
+    firsts = first_choices(head, target, shards)
+    rates = agreement(head, target, shards, args.depth)
+    rows = [
+        {
+            "draft_rows": m,
+            "chain": round(chain_kept(rates, m), 4),
+            "tree": round(tree_kept(firsts, rates, m), 4),
+        }
+        for m in range(1, args.depth + 1)
+    ]
+    report = {
+        "head": str(folder),
+        "first_position_choices": [round(r, 4) for r in firsts],
+        "chain_agreement": [round(r, 4) for r in rates],
+        "expected_kept": rows,
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    json.dump(report, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
