@@ -11,6 +11,8 @@ sent, of the chance that the node is on it. This measures on held-out standard-l
 - the share of positions where the head's 1st, 2nd and 3rd choice at the first position is the
   target's greedy token;
 - the chain's conditional agreement at positions 2..depth (``train_head.agreement``);
+- by the head's probability for its first choice, how often that choice agrees (the calibration
+  that drafting by confidence, ``HeadDrafter._worth``, relies on);
 
 and prints, for m = 1..depth draft rows, the tokens expected to be kept by the chain and by the
 best tree of m nodes, where a node under a 2nd or 3rd choice is credited the chain's own
@@ -37,19 +39,37 @@ from decoding.train_head import Target, agreement, batches, chain_outputs, featu
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_tree.json"
 
 
+BINS = 10  # of the head's probability for its first choice, for the calibration table
+
+
 @torch.no_grad()
-def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> list[float]:
-    """How often the head's k-th best token at the first draft position is the target's greedy one."""
+def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> tuple[list[float], list[dict]]:
+    """How often the head's k-th best token at the first draft position is the target's greedy
+    one; and by the head's probability for its first choice (in tenths), the share of positions
+    and how often that choice agrees: what drafting by confidence relies on."""
     rows_out = output_rows(target.model.forward, head.vocab)
     hits, seen = [0] * top, 0
+    in_bin, agree_in_bin = torch.zeros(BINS), torch.zeros(BINS)
     for tokens, hidden in batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
         g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
-        best = head.vocab[(g @ rows_out.T).topk(top, -1).indices]
+        probs, best = torch.softmax(g @ rows_out.T, -1).topk(top, -1)
+        best = head.vocab[best]
         for k in range(top):
             hits[k] += int((best[..., k] == truth).sum())
         seen += truth.numel()
-    return [h / seen for h in hits]
+        bins = (probs[..., 0] * BINS).long().clamp(max=BINS - 1).reshape(-1)
+        in_bin += torch.bincount(bins, minlength=BINS).float()
+        agree_in_bin += torch.bincount(bins, (best[..., 0] == truth).reshape(-1).float(), minlength=BINS)
+    calibration = [
+        {
+            "probability": f"{b / BINS:.1f}-{(b + 1) / BINS:.1f}",
+            "share": round(float(in_bin[b]) / seen, 4),
+            "agreement": round(float(agree_in_bin[b] / in_bin[b]), 4) if in_bin[b] else None,
+        }
+        for b in range(BINS)
+    ]
+    return [h / seen for h in hits], calibration
 
 
 def chain_kept(rates: list[float], m: int) -> float:
@@ -94,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no head ships for the default model")
     head = load_head(folder)
     shards = features(target, stdlib_root(), True, args.tokens, 256, 0)
-    firsts = first_choices(head, target, shards)
+    firsts, calibration = first_choices(head, target, shards)
     rates = agreement(head, target, shards, args.depth)
     rows = [
         {
@@ -109,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "first_position_choices": [round(r, 4) for r in firsts],
         "chain_agreement": [round(r, 4) for r in rates],
         "expected_kept": rows,
+        "first_choice_calibration": calibration,
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     json.dump(report, sys.stdout, indent=1)

@@ -48,3 +48,7 @@ def test_the_shipped_heads_chain_and_tree_on_held_out_code(tmp_path):
     assert [row["draft_rows"] for row in rows] == [1, 2, 3]
     assert rows[0]["tree"] == rows[0]["chain"]
     assert all(row["tree"] >= row["chain"] - 1e-4 for row in rows)
+    calibration = result["first_choice_calibration"]
+    assert sum(b["share"] for b in calibration) == pytest.approx(1.0, abs=1e-3)
+    seen = [b["agreement"] for b in calibration if b["agreement"] is not None]
+    assert seen[-1] > seen[0]  # a surer head is right more often
