@@ -10,7 +10,8 @@
    scores over the head's vocabulary match the target's own distribution there (cross-entropy
    against the softmax of the target's output layer on f_{j+1}); ``--depth`` chained passes train
    it on its own estimates as inputs, as drafting uses it (``chain_mask``). A checkpoint after
-   every epoch; a rerun resumes from the last one.
+   every epoch; a rerun resumes from the last one; ``--init`` starts a new run from a trained
+   head (the shipped one: ``shipped``). Under bf16 autocast where this CPU is faster in bf16.
 4. **Report**: agreement with the target's greedy choice per draft position on held-out files,
    and the tokens per target pass it implies.
 """
