@@ -13,12 +13,13 @@ last ``RESTART`` positions instead of catching up: on held-out code its agreemen
 on how many entries it sees past the first 8 (0.42-0.46 from 8 to 255), and a pass over 32
 entries takes ~1 ms against ~5 ms over 256.
 
-How far to draft: the head's probability for its own token is calibrated (on held-out code its
-greedy token agrees with the target's about as often as that probability says: 12% of the time
-below 0.1, 98% above 0.9), so the product of those probabilities is the chance that a whole
-chain is kept. Where ``auto`` drafts from the head it goes on while that chance beats what one
-more token costs (its share of a wider verify pass and a head step, ``_worth``), as EAGLE-2
-sizes its drafts by confidence, and stops (possibly before the first token) where it does not.
+How far to draft: the head's probability for its own token tracks how often its greedy token
+agrees with the target's (on held-out code, for the shipped head: 18% of the time below 0.1, 49%
+at 0.3-0.4, 99% above 0.9; ``benchmarks/head_tree.py``), so the product of those probabilities
+is the chance that a whole chain is kept, or a little less than it (the head is under-confident).
+Where ``auto`` drafts from the head it goes on while that chance beats what one more token costs
+(its share of a wider verify pass and a head step, ``_worth``), as EAGLE-2 sizes its drafts by
+confidence, and stops (possibly before the first token) where it does not.
 """
 
 from __future__ import annotations
