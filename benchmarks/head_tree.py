@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.head import load_head, output_rows, shipped_head
+from decoding.head import expected_tokens_per_pass, load_head, output_rows, shipped_head
 from decoding.train_head import Target, agreement, batches, chain_outputs, features, stdlib_root
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_tree.json"
@@ -73,12 +73,9 @@ def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> tup
 
 
 def chain_kept(rates: list[float], m: int) -> float:
-    """Tokens a chain of ``m`` drafted tokens is expected to keep (rates: a_1, c_2, c_3, ...)."""
-    total, run = 0.0, 1.0
-    for rate in rates[:m]:
-        run *= rate
-        total += run
-    return total
+    """Tokens a chain of ``m`` drafted tokens is expected to keep (rates: a_1, c_2, c_3, ...):
+    the tokens per pass it implies, less the target's own token."""
+    return expected_tokens_per_pass(rates[:m]) - 1.0
 
 
 def tree_kept(firsts: list[float], rates: list[float], m: int) -> float:
