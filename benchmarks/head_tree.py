@@ -11,8 +11,9 @@ sent, of the chance that the node is on it. This measures on held-out standard-l
 - the share of positions where the head's 1st, 2nd and 3rd choice at the first position is the
   target's greedy token;
 - the chain's conditional agreement at positions 2..depth (``train_head.agreement``);
-- by the head's probability for its first choice, how often that choice agrees (the calibration
-  that drafting by confidence, ``HeadDrafter._worth``, relies on);
+- by the head's probability for its first choice (under the head's fitted
+  ``confidence_temperature``), how often that choice agrees (the calibration that drafting by
+  confidence, ``HeadDrafter._worth``, relies on);
 
 and prints, for m = 1..depth draft rows, the tokens expected to be kept by the chain and by the
 best tree of m nodes, where a node under a 2nd or 3rd choice is credited the chain's own
@@ -53,7 +54,8 @@ def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> tup
     for tokens, hidden in batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
         g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
-        probs, best = torch.softmax(g @ rows_out.T, -1).topk(top, -1)
+        scores = g @ rows_out.T / head.config.confidence_temperature  # as HeadDrafter weighs them
+        probs, best = torch.softmax(scores, -1).topk(top, -1)
         best = head.vocab[best]
         for k in range(top):
             hits[k] += int((best[..., k] == truth).sum())

@@ -45,6 +45,10 @@ class HeadConfig:
     norm_eps: float = 1e-5
     input_norm: bool = True  # EAGLE-1's first layer has none
     target: str = ""  # the target's fingerprint (``fingerprint``); empty: not checked
+    # Divides the head's scores where its probability for its own draft decides how far to draft
+    # (fitted on held-out code by ``train_head``: that probability then tracks how often the
+    # draft is right); 1.0 for a head that was never fitted.
+    confidence_temperature: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -87,10 +91,12 @@ class HeadAttention(nn.Module):
         self.k_proj = nn.Linear(c.dim, c.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(c.dim, c.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(c.heads * d, c.dim, bias=False)
-        self.register_buffer("inverse_freq", self.rotary_frequencies(), persistent=False)
+        # a plain attribute, not a buffer: ``head.to(bf16)`` must leave it fp32 (positions of a
+        # few hundred times bf16-rounded frequencies are off by up to a radian)
+        self.inverse_freq = self.rotary_frequencies()
 
     def rotary_frequencies(self) -> torch.Tensor:
-        """Not in the weights file: computed (again, after a load onto the meta device)."""
+        """Not in the weights file: computed (again, after a load onto the meta device), fp32."""
         d = self.config.head_dim
         return self.config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d)
 

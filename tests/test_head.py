@@ -4,7 +4,9 @@ refused as they should."""
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,15 +24,16 @@ from decoding.head import (
     target_fingerprint,
 )
 from decoding.llama import from_transformers
-from decoding.train_head import chain_loss, chain_outputs, held_out
+from decoding.train_head import TEMPERATURES, chain_loss, chain_outputs, held_out
 from decoding.verify import SamplingParams
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
 from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.test_quant import lean_loaded, plain_greedy_pass
 from tests.tiny_models import TINY_VOCAB, tiny_model
 
-# The head scores this many tokens of the tiny vocabulary: the rest can never be drafted.
-HEAD_VOCAB = torch.arange(8, TINY_VOCAB)
+# The head scores these tokens of the tiny vocabulary (the rest can never be drafted): 48 rows,
+# whole 16s, so that with ``bits`` they are scored on the 4-bit kernel as the shipped head's are.
+HEAD_VOCAB = torch.arange(16, TINY_VOCAB)
 
 
 def tiny_head(forward, seed: int = 0, vocab: torch.Tensor = HEAD_VOCAB) -> DraftHead:
@@ -87,9 +90,11 @@ def heads(targets):
     return [trained_tiny_head(t, seed=i) for i, t in enumerate(targets)]
 
 
-def head_drafter(target, head, max_draft: int = 4) -> HeadDrafter:
+def head_drafter(target, head, max_draft: int = 4, bits: int | None = None) -> HeadDrafter:
+    """A drafter on a copy of ``head`` (a drafter converts its head in place)."""
     eos: set[int] = set()
-    return HeadDrafter(head, target.embed, output_rows(target, head.vocab), TINY_VOCAB, eos, max_draft)
+    rows = output_rows(target, head.vocab)
+    return HeadDrafter(copy.deepcopy(head), target.embed, rows, TINY_VOCAB, eos, max_draft, bits=bits)
 
 
 @torch.no_grad()
@@ -116,10 +121,12 @@ def test_training_chains_compute_what_drafting_computes():
             assert torch.allclose(g[0, 0], outputs[d - 1][0, j], atol=1e-5), (d, j)
 
 
-def test_the_trained_head_agrees_with_its_target_mostly(targets, heads):
-    """The tiny heads learn something, so the exactness tests below see drafts kept and rejected."""
+@pytest.mark.parametrize("bits", [None, 4])
+def test_the_trained_head_agrees_with_its_target_mostly(targets, heads, bits):
+    """The tiny heads learn something, so the exactness tests below see drafts kept and rejected;
+    on the 4-bit kernel (what the server runs) as in fp32."""
     target, head = targets[0], heads[0]
-    drafter = head_drafter(target, head)
+    drafter = head_drafter(target, head, bits=bits)
     agree = total = 0
     for tokens in own_sequences(target, 8, 40, seed=99):
         cache = target.new_cache()
@@ -131,8 +138,8 @@ def test_the_trained_head_agrees_with_its_target_mostly(targets, heads):
     assert agree >= total // 2
 
 
-@pytest.mark.parametrize("drafter_name", ["head", "auto"])
-def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, drafter_name):
+@pytest.mark.parametrize("drafter_name,bits", [("head", None), ("head", 4), ("auto", 4)])
+def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, drafter_name, bits):
     """200 prompt/stop cases, as for every drafter: drafts chain over tokens the target has not
     fed, ride on prefills, get cut by EOS, stops and the token limit, and are rejected anywhere."""
     proposed = accepted = 0
@@ -144,7 +151,7 @@ def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, dr
         engine = SpeculativeEngine(lean_loaded(target, eos))
         drafter = make_drafter(
             drafter_name,
-            draft_head=head_drafter(target, head, rng.choice([2, 4, 8])),
+            draft_head=head_drafter(target, head, rng.choice([2, 4, 8]), bits),
             cost=engine.cost,
             max_draft=8,
         )
@@ -161,14 +168,15 @@ def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, dr
     assert proposed > 200 and 0 < accepted < proposed
 
 
-def test_sampling_with_the_head_keeps_the_targets_distribution():
+@pytest.mark.parametrize("bits", [4])  # the server's; the dense scorer differs only in its rows
+def test_sampling_with_the_head_keeps_the_targets_distribution(bits):
     model = tiny_model(21, layers=2, logit_scale=3.0)
     target = from_transformers(model, 0)
     head = trained_tiny_head(target, steps=60)
     params = SamplingParams(temperature=1.0, top_k=6)
     joint = exact_joint(model, PROMPT, params, 2)
     engine = SpeculativeEngine(lean_loaded(target))
-    drafter = head_drafter(target, head, max_draft=3)
+    drafter = head_drafter(target, head, max_draft=3, bits=bits)
     config = GenerationConfig(max_new_tokens=4, temperature=params.temperature, top_k=params.top_k)
     counts: dict[tuple[int, ...], int] = {}
     proposed = accepted = 0
@@ -207,6 +215,28 @@ def test_a_confident_draft_goes_only_as_far_as_its_chance_of_being_kept_pays(tar
     drafter.cost = CostModel(prior={1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9, 5: 2.2})  # in between
     drafted = drafter.propose_exactly(tokens[:21], 4, confident=True).tokens
     assert drafted == plain[: len(drafted)]
+
+
+def test_the_confidence_temperature_weighs_drafts_but_never_changes_them(targets, heads):
+    """A head's fitted ``confidence_temperature`` divides its scores only where its probability
+    for its own draft decides how far to draft: the same tokens, a sharper probability below 1."""
+    target, head = targets[0], heads[0]
+    tokens = own_sequences(target, 1, 30, seed=7)[0]
+    cache = target.new_cache()
+    target(tokens[:20], cache)
+    chosen = {}
+    for temperature in (1.0, 0.5):
+        tempered = copy.deepcopy(head)
+        tempered.config = replace(head.config, confidence_temperature=temperature)
+        drafter = head_drafter(target, tempered)
+        drafter.attach(cache)
+        g = drafter._sync(tokens[:21], 20)
+        scores = drafter._score(g)
+        token, confidence, _ = drafter._choose(g)
+        assert confidence == pytest.approx(float(torch.softmax(scores / temperature, -1).max()), rel=1e-5)
+        chosen[temperature] = (token, confidence, drafter.propose_exactly(tokens[:21], 4).tokens)
+    assert chosen[0.5][0] == chosen[1.0][0] and chosen[0.5][2] == chosen[1.0][2]
+    assert chosen[0.5][1] > chosen[1.0][1]
 
 
 def test_the_head_waits_for_the_targets_states():
@@ -293,6 +323,8 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
     assert progress["epochs"] == 3 and progress["loss"][-1] < progress["loss"][0]
     report = json.loads((out / "report.json").read_text())
     assert len(report["held_out_agreement"]) == 2
+    assert report["confidence_temperature"] in TEMPERATURES
+    assert load_head(out).config.confidence_temperature == report["confidence_temperature"]
     shards = list((tmp_path / "cache" / "heads").rglob("shard_*.safetensors"))
     assert shards  # features cached for a rerun
     assert main(argv) == 0  # resumes: everything is done, nothing breaks
@@ -319,6 +351,8 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
     shipped_argv[shipped_argv.index(str(out))] = "shipped"
     with pytest.raises(SystemExit, match="no head ships"):  # none is shipped for the tiny model
         main(shipped_argv)
+    with pytest.raises(SystemExit, match="--init"):  # nothing to calibrate
+        main([*argv, "--epochs", "0"])
 
 
 @pytest.mark.real_model

@@ -17,7 +17,15 @@ from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor, from_transformers
 from decoding.models import LoadedModel
 from decoding.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
-from decoding.quant.layers import DenseLinear, Int4Linear, QuantizedHead, linear_for, ranked_terms
+from decoding.quant.layers import (
+    DenseLinear,
+    Int4Linear,
+    QuantizedHead,
+    SmallLinear,
+    linear_for,
+    quantize_linears,
+    ranked_terms,
+)
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
@@ -138,6 +146,27 @@ def test_a_two_term_weight_keeps_its_sum_with_the_group_means_moved_into_the_lea
     (only,) = decode_tensor(random_blocks(QType.Q4_1, rng), QType.Q4_1, (OUT, IN)).terms
     (same,) = ranked_terms([only])
     assert np.array_equal(same.dense(), only.dense())
+
+
+@pytest.mark.parametrize("bits,tolerance", [(4, 0.1), (8, 0.01)])
+def test_a_small_layer_on_the_4_bit_kernel_is_its_dense_layer_up_to_its_blocks(bits, tolerance):
+    """A draft head's layers: any leading dimensions, the bias added, within what Q4_1 / Q8_0
+    blocks and bf16 activations allow of the fp32 product."""
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(64, 48, bias=True)
+    small = SmallLinear(dense.weight, dense.bias, bits)
+    x = torch.randn(2, 5, 64)
+    want, got = dense(x), small(x)
+    assert got.shape == (2, 5, 48) and got.dtype == torch.bfloat16
+    assert float((got.float() - want).norm() / want.norm()) < tolerance
+    assert small.nbytes() < dense.weight.numel() * 2  # fewer bytes than bf16
+
+
+def test_only_the_layers_the_kernel_takes_are_quantized():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 24), torch.nn.Linear(24, 16))
+    assert quantize_linears(model, 4) == 1  # 24 output rows are not whole 16s; 24 inputs no group
+    assert isinstance(model[0], SmallLinear) and type(model[1]) is torch.nn.Linear
+    assert type(model[2]) is torch.nn.Linear
 
 
 def lean(seed: int, bits: int, layers: int = 2):

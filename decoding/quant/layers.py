@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decoding.quant.gguf_blocks import GROUP, Int4Term, QuantTensor
+from decoding.quant.gguf_blocks import GROUP, Int4Term, QuantTensor, quantize_dense
 
 INT4_N_MULTIPLE = 16  # the kernel packs output rows in groups of 16
 MIN_DENSE_ROWS = 16  # fewer rows than this are padded (see DenseLinear)
@@ -179,3 +179,45 @@ def concat_rows(tensors: list[QuantTensor]) -> QuantTensor:
         ]
         return QuantTensor(shape, kinds.pop(), terms=terms)
     return QuantTensor(shape, "+".join(sorted(kinds)), values=np.concatenate([t.dense() for t in tensors]))
+
+
+class SmallLinear(torch.nn.Module):
+    """A small layer (a draft head's) on 4-bit terms: ``bits`` 4 quantizes its fp32 weight as
+    Q4_1, one term (a quarter of bf16's bytes), 8 as Q8_0, two terms (half). Any leading
+    dimensions, an optional bias, bf16 out. Not batch-invariant, and need not be: a draft head
+    only proposes what the target verifies."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int) -> None:
+        super().__init__()
+        tensor = quantize_dense(weight.detach().float().numpy(), bits)
+        assert tensor.terms is not None
+        self.inner = Int4Linear(tensor.terms)
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.out_features, self.in_features = weight.shape
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        """Whether the kernel takes this shape (output rows in 16s, inputs in whole groups)."""
+        out_features, in_features = weight.shape
+        return out_features % INT4_N_MULTIPLE == 0 and in_features % GROUP == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return self.inner.nbytes() + (self.bias.nbytes if self.bias is not None else 0)
+
+
+def quantize_linears(model: torch.nn.Module, bits: int) -> int:
+    """Replace every ``nn.Linear`` of ``model`` whose shape the kernel takes by a ``SmallLinear``
+    of ``bits``, in place; how many were replaced."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and SmallLinear.fits(child.weight):
+                setattr(parent, name, SmallLinear(child.weight, child.bias, bits))
+                replaced += 1
+    return replaced
