@@ -13,7 +13,7 @@ import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
 from decoding.drafters.head import HeadDrafter
-from decoding.drafters.length import CostModel
+from decoding.drafters.length import AcceptanceStats, CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.head import (
     DraftHead,
@@ -237,6 +237,27 @@ def test_the_confidence_temperature_weighs_drafts_but_never_changes_them(targets
         chosen[temperature] = (token, confidence, drafter.propose_exactly(tokens[:21], 4).tokens)
     assert chosen[0.5][0] == chosen[1.0][0] and chosen[0.5][2] == chosen[1.0][2]
     assert chosen[0.5][1] > chosen[1.0][1]
+
+
+def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, heads):
+    """``auto`` picks the head by its record, but the head drafts nothing where it is unsure even
+    of its first token: then the n-gram match it was weighed against is drafted, not nothing."""
+    target, head = targets[0], heads[0]
+    first = own_sequences(target, 1, 14, seed=7)[0]
+    tokens = first + first[:6]  # the tail repeats the start: an n-gram match to draft from
+    cache = target.new_cache()
+    target(tokens[:-1], cache)
+    auto = make_drafter("auto", draft_head=head_drafter(target, head, bits=4), cost=CostModel())
+    auto.attach(cache)
+    auto.head.stats = AcceptanceStats(priors={0: 0.99})  # its record says it is nearly always right
+    auto.ngram.stats = AcceptanceStats(priors={b: 0.3 for b in (1, 2, 4, 8)})
+    auto.head.confident = False  # drafting its full length (the tiny head is rarely sure)
+    sure = auto.propose(tokens, 4)
+    assert sure.source == "head" and len(sure.tokens) == 4
+    auto.head.confident, auto.head._chain_ms = True, 1e12  # no token is worth its cost now
+    unsure = auto.propose(tokens, 4)
+    assert unsure.source == "ngram" and unsure.tokens == first[6 : 6 + len(unsure.tokens)]
+    assert unsure.tokens
 
 
 def test_the_head_waits_for_the_targets_states():

@@ -5,7 +5,9 @@ token, the draft model a forward pass of its own. Each candidate
 is scored by its expected speed-up (see ``length.py``) from its own acceptance history and the
 measured verification cost; the best one is used only if that speed-up exceeds 1, because a
 rejected draft costs more than the plain step it replaces. Buckets that are switched off are
-probed now and then, so a source whose quality improves is noticed again.
+probed now and then, so a source whose quality improves is noticed again. The head, once
+chosen, drafts only as far as its own confidence pays (``HeadDrafter._worth``); where that is not
+even one token, the n-gram match it was weighed against is drafted instead of nothing.
 """
 
 from __future__ import annotations
@@ -109,8 +111,11 @@ class AutoDrafter:
         _, source, k = max(candidates)
         if source == "head":  # as many tokens as the head is confident enough of
             assert self.head is not None
-            k = min(max_len, self.head.max_draft)
-            return self.head.propose_exactly(tokens, k, confident=self.head.confident)
+            draft = self.head.propose_exactly(tokens, min(max_len, self.head.max_draft), self.head.confident)
+            ngram = [c for c in candidates if c[1] == "ngram"]
+            if draft.tokens or not ngram:
+                return draft
+            source, k = "ngram", ngram[0][2]  # the head is unsure even of its first token
         if source == "ngram":
             assert match is not None
             return Draft(
