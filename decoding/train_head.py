@@ -343,8 +343,7 @@ def fit_confidence_temperature(head: DraftHead, target: Target, shards: list[Pat
     target's full distribution leaves the head under-confident in its first choice (right 93%
     of the time where it says 0.8-0.9, before this), so without it drafts stop early."""
     rows_out = output_rows(target.model.forward, head.vocab)
-    temperatures = torch.tensor(TEMPERATURES)
-    loss = torch.zeros(len(temperatures))
+    loss = torch.zeros(len(TEMPERATURES))
     for tokens, hidden in batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
         g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
