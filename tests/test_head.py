@@ -121,6 +121,32 @@ def test_training_chains_compute_what_drafting_computes():
             assert torch.allclose(g[0, 0], outputs[d - 1][0, j], atol=1e-5), (d, j)
 
 
+@torch.no_grad()
+def test_a_fused_head_computes_what_the_trained_one_does():
+    """Drafting's head (q/k/v and gate/up each one product, ``DraftHead.fuse``) gives the same g
+    as the head training saves, over a prefix pass and chained one-row steps with a cache, at
+    positions past the rotary table's first size."""
+    forward = from_transformers(tiny_model(5, layers=1), 0)
+    head = tiny_head(forward, seed=3)
+    fused = copy.deepcopy(head).fuse()
+    assert fused.layers[0].self_attn.qkv is not None and not hasattr(fused.layers[0].mlp, "up_proj")
+    torch.manual_seed(2)
+    rows, first = 5, 90
+    hidden, embeds = torch.randn(1, rows + 3, forward.shape.dim), torch.randn(1, rows + 3, forward.shape.dim)
+    caches, outputs = [HeadCache(), HeadCache()], [[], []]
+    for model, cache, out in zip((head, fused), caches, outputs, strict=True):
+        mask = torch.ones(rows, rows, dtype=torch.bool).tril_()
+        positions = torch.arange(first, first + rows)
+        g = model(hidden[:, :rows], embeds[:, :rows], positions, mask, cache)
+        out.append(g)
+        for entry in range(rows, rows + 3):
+            g = model(g[:, -1:], embeds[:, entry : entry + 1], torch.tensor([first + entry]), None, cache)
+            out.append(g)
+    for plain, joined in zip(*outputs, strict=True):
+        assert torch.allclose(plain, joined, atol=1e-5)
+    assert caches[1].length == rows + 3
+
+
 @pytest.mark.parametrize("bits", [None, 4])
 def test_the_trained_head_agrees_with_its_target_mostly(targets, heads, bits):
     """The tiny heads learn something, so the exactness tests below see drafts kept and rejected;

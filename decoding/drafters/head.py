@@ -27,8 +27,10 @@ after a target pass has streamed ~100 MB through the caches they come from memor
 head's layers and rows run on the 4-bit kernel (``HEAD_BITS``; Q4_1 blocks of its bf16 weights,
 a quarter of bf16's bytes): an 8-token proposal took 7.3 ms against 17 ms in bf16 in real
 decodes here, for a held-out agreement of 0.554 / 0.588 / 0.626 per draft position against
-0.568 / 0.603 / 0.644 in fp32 (2.08 against 2.13 tokens per pass for a 3-token chain). The target
-verifies every draft and a sampled draft's q is the distribution its token was drawn from, so
+0.568 / 0.603 / 0.644 in fp32 (2.08 against 2.13 tokens per pass for a 3-token chain). And its
+q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel calls a chained step
+(fc, qkv, o, gate-up, down, scores) instead of nine, since per-call overhead is a good part of a
+step this small. The target verifies every draft and a sampled draft's q is the distribution its token was drawn from, so
 exactness does not depend on any of this.
 """
 
@@ -86,7 +88,7 @@ class HeadDrafter:
         see ``HEAD_BITS``); None keeps them dense, in bf16 where bf16 is faster on this machine
         (``head_dtype``), else fp32. ``head`` is converted in place."""
         self.dtype = torch.bfloat16 if bits else head_dtype(output_rows.shape[1])
-        self.head, self.embed = head.to(self.dtype), embed
+        self.head, self.embed = head.fuse().to(self.dtype), embed
         self.bits = bits
         if bits:
             quantize_linears(self.head, bits)
@@ -173,9 +175,9 @@ class HeadDrafter:
         ids = torch.tensor(list(tokens), dtype=torch.long)
         rows = len(ids)
         positions = torch.arange(first - self._base, first - self._base + rows)
-        mask = None
-        past = self._cache.length
-        if rows > 1 or past:
+        mask = None  # one row sees every entry: no mask
+        if rows > 1:
+            past = self._cache.length
             mask = torch.ones(rows, past + rows, dtype=torch.bool).tril_(past)
         embeds = self.embed(ids)[None].to(self.dtype)
         g = self.head(features[None].to(self.dtype), embeds, positions, mask, self._cache)
