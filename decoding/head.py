@@ -123,8 +123,8 @@ class HeadAttention(nn.Module):
 
 class Rotary:
     """Rotate-half rotary embeddings from a table of cos and sin per position, grown on demand:
-    one lookup a pass instead of recomputing the angles (a drafting step is ~0.6 ms, so its
-    dozen small ops are worth saving). Not a module, so that it stays fp32 when the head is
+    one lookup a pass instead of recomputing the angles (fewer small ops in a drafting step of
+    well under a millisecond). Not a module, so that it stays fp32 when the head is
     cast to bf16 (positions of a few hundred times bf16-rounded frequencies are off by up to a
     radian), and not in the weights file."""
 

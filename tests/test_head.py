@@ -19,6 +19,7 @@ from decoding.head import (
     DraftHead,
     HeadCache,
     HeadConfig,
+    Rotary,
     load_head,
     output_rows,
     target_fingerprint,
@@ -119,6 +120,22 @@ def test_training_chains_compute_what_drafting_computes():
                 mask = torch.ones(1, cache.length + 1, dtype=torch.bool)
                 g = head(g, embeds[:, entry : entry + 1], torch.tensor([entry]), mask, cache)
             assert torch.allclose(g[0, 0], outputs[d - 1][0, j], atol=1e-5), (d, j)
+
+
+def test_rotary_from_its_table_is_rotate_half_rotary_at_any_position():
+    """The table (grown on demand, fp32 whatever the input's dtype) gives what computing each
+    position's angles does, before and after it grows, for positions in any order."""
+    config = HeadConfig(dim=64, heads=4, kv_heads=2, ffn=128, rope_theta=10000.0)
+    rotary = Rotary(config)
+    torch.manual_seed(0)
+    for positions in (torch.tensor([3, 0, 7]), torch.tensor([500, 64, 129]), torch.arange(10)):
+        x = torch.randn(2, len(positions), 3, config.head_dim)
+        angles = positions[:, None].double() * rotary.inverse_freq.double()[None, :]
+        cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
+        first, second = x.double().chunk(2, dim=-1)
+        expected = x.double() * cos + torch.cat([-second, first], dim=-1) * sin
+        assert torch.allclose(rotary(x, positions).double(), expected, atol=1e-4)
+    assert len(rotary.cos) >= 501 and rotary.cos.dtype == torch.float32
 
 
 @torch.no_grad()
