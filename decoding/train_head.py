@@ -5,7 +5,7 @@
    measure only held-out files. ``--corpus DIR`` trains on another folder of source files.
 2. **Features**: the target's hidden states over sequences of ``--sequence`` tokens, computed with
    the target's own forward (the quantized one the server runs) and cached on disk in shards, so
-   an interrupted run resumes where it stopped.
+   an interrupted run resumes where it stopped and a run over more tokens computes only the new ones.
 3. **Training**: the head reads f_j and token j+1 and regresses f_{j+1} (smooth L1) while its
    scores over the head's vocabulary match the target's own distribution there (cross-entropy
    against the softmax of the target's output layer on f_{j+1}); ``--depth`` chained passes train
@@ -26,7 +26,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import sys
 import sysconfig
 import time
@@ -176,10 +178,41 @@ def work_folder(target: Target) -> Path:
 
 
 def features(target: Target, root: Path, holdout: bool, tokens: int, sequence: int, seed: int) -> list[Path]:
-    """The cached feature shards of ``tokens`` tokens of one side of ``root``'s split (made if missing)."""
+    """The cached feature shards of ``tokens`` tokens of one side of ``root``'s split (made if
+    missing, from the full shards of a run over more or fewer tokens where there is one)."""
     tag = f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}-{sequence}"
-    folder = work_folder(target) / f"{'held-out' if holdout else 'train'}-{tag}-{tokens}"
+    tag += f"-seed{seed}" if seed else ""  # the seed orders the files: another stream
+    stem = f"{'held-out' if holdout else 'train'}-{tag}-"
+    folder = work_folder(target) / f"{stem}{tokens}"
+    link_shared_shards(folder, stem, -(-tokens // sequence))
     return extract(target, corpus_files(root, holdout=holdout), folder, sequence, tokens, seed)
+
+
+def link_shared_shards(folder: Path, stem: str, sequences_wanted: int) -> None:
+    """Hard-link into ``folder`` the shards its siblings (``stem`` + another token count) hold in
+    full. Sequence i is the same in every run over one stream (a run only stops it sooner or
+    later), so shard k is too wherever both runs fill it: training on more tokens then computes
+    only the new ones (~30 min a million tokens on 2 CPU cores), not all of them again."""
+    filled = sequences_wanted // SHARD_SEQUENCES  # shards this run fills: 0 .. filled - 1
+    for sibling in folder.parent.glob(f"{stem}*"):
+        if sibling == folder or not sibling.name.removeprefix(stem).isdigit():
+            continue
+        for shard in sibling.glob("shard_*.safetensors"):
+            mine = folder / shard.name
+            if int(shard.stem.split("_")[1]) >= filled or mine.exists():
+                continue
+            if shard_sequences(shard) == SHARD_SEQUENCES:
+                folder.mkdir(parents=True, exist_ok=True)
+                link_or_copy(shard, mine)
+
+
+def link_or_copy(source: Path, destination: Path) -> None:
+    """A hard link (no second copy on disk), or a copy where links are not possible."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copyfile(source, destination.with_suffix(".tmp"))
+        destination.with_suffix(".tmp").rename(destination)
 
 
 def frequent_tokens(shards: list[Path], size: int, vocab: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -363,6 +364,45 @@ def test_a_published_eagle_head_loads_from_its_folder(tmp_path, targets):
         load_head_drafter(lean_loaded(target), str(tmp_path))
 
 
+def write_corpus(folder: Path, files: int) -> Path:
+    """``files`` small Python modules, each a little different."""
+    folder.mkdir()
+    for i in range(files):
+        body = "".join(f"    value_{j} = compute(value_{j - 1}, {i})\n" for j in range(1, 12))
+        (folder / f"module_{i}.py").write_text(f"def function_{i}(value_0):\n{body}    return value_11\n")
+    return folder
+
+
+def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
+    tmp_path, monkeypatch, default_tokenizer_folder
+):
+    """Training on more tokens computes only the new sequences' features: the shards an earlier
+    run filled are linked, and what comes out is what a run from scratch computes."""
+    from safetensors.torch import load_file
+
+    from decoding.train_head import SHARD_SEQUENCES, Target, features
+    from tests.tiny_models import save_tiny_model
+
+    assert SHARD_SEQUENCES == 32
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
+    target = Target.load(str(save_tiny_model(tmp_path / "tiny", default_tokenizer_folder)), "int8")
+    corpus = write_corpus(tmp_path / "corpus", 80)
+    fewer = features(target, corpus, False, 40 * 64, 64, 0)  # 40 sequences: shard 1 holds 8
+    more = features(target, corpus, False, 70 * 64, 64, 0)  # 70: shards 0 and 1 full, 2 holds 6
+    assert len(fewer) == 2 and len(more) == 3
+    assert fewer[0].samefile(more[0])
+    assert not fewer[1].samefile(more[1])  # not full in the run over fewer: computed again
+    other_seed = features(target, corpus, False, 40 * 64, 64, 1)  # another order of the files
+    assert other_seed[0].parent != fewer[0].parent and not other_seed[0].samefile(fewer[0])
+
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "scratch"))
+    scratch = features(target, corpus, False, 70 * 64, 64, 0)
+    for reused, computed in zip(more, scratch, strict=True):
+        got, want = load_file(str(reused)), load_file(str(computed))
+        assert torch.equal(got["tokens"], want["tokens"]) and torch.equal(got["hidden"], want["hidden"])
+    assert not torch.equal(load_file(str(other_seed[0]))["tokens"], load_file(str(fewer[0]))["tokens"])
+
+
 def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, default_tokenizer_folder):
     """``python -m decoding.train_head`` on a tiny model and a small corpus: features cached,
     loss down over epochs, a report on held-out files, and the head loads and drafts."""
@@ -372,11 +412,7 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        body = "".join(f"    value_{j} = compute(value_{j - 1}, {i})\n" for j in range(1, 12))
-        (corpus / f"module_{i}.py").write_text(f"def function_{i}(value_0):\n{body}    return value_11\n")
+    corpus = write_corpus(tmp_path / "corpus", 40)
     assert any(held_out(f"module_{i}.py") for i in range(40))
     out = tmp_path / "head"
     argv = ["--model", str(model_dir), "--quantization", "int8", "--corpus", str(corpus), "--out", str(out)]
