@@ -212,6 +212,7 @@ class MethodRun:
     stop_reason: str
     target_passes: int | None = None  # engine methods only; the prefill counts as one
     tokens_per_pass: float | None = None
+    after_prefill: tuple[int, int] | None = None  # engine methods only: (tokens, passes) after it
     proposed: int = 0
     accepted: int = 0
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -314,6 +315,7 @@ class Bench:
             stop_reason=result.stop_reason,
             target_passes=stats.target_passes,
             tokens_per_pass=stats.tokens_per_pass,
+            after_prefill=stats.after_prefill,
             proposed=sum(s.proposed for s in stats.drafters.values()),
             accepted=sum(s.accepted for s in stats.drafters.values()),
             drafters=per,
@@ -445,6 +447,11 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den is not None and den > 0 else None
 
 
+def _summed_ratio(pairs: Sequence[tuple[int, int]]) -> float | None:
+    """sum(numerators) / sum(denominators): a pass-weighted mean, so short decodes weigh little."""
+    return _ratio(sum(n for n, _ in pairs), sum(d for _, d in pairs)) if pairs else None
+
+
 def summarize(records: Sequence[PromptRecord], methods: Sequence[str]) -> dict[str, Any]:
     """Per method: medians and p95s, tokens per pass, acceptance, and speed ratios against plain
     greedy (and against transformers' plain generate) measured on the same prompts in this run.
@@ -490,6 +497,10 @@ def summarize(records: Sequence[PromptRecord], methods: Sequence[str]) -> dict[s
             )
             if runs[0].tokens_per_pass is not None
             else None,
+            # summed over the prompts: the drafters' own figure, the prompt's pass left out
+            "tokens_per_pass_after_prefill": _summed_ratio(
+                [r.after_prefill for r in runs if r.after_prefill is not None]
+            ),
             "acceptance": accepted / proposed if proposed else None,
             "proposed": proposed,
             "accepted": accepted,
@@ -584,11 +595,11 @@ def format_tables(
 ) -> str:
     head = (
         f"{'method':<17}{'n':>4}{'mism':>5}{'dec med':>9}{'dec p95':>9}{'tot med':>9}{'tot p95':>9}"
-        f"{'tok/pass':>9}{'accept':>8}{'x plain':>9}{'x pl geo':>9}{'x plain':>9}{'x hf':>7}"
+        f"{'tok/pass':>9}{'aft pf':>8}{'accept':>8}{'x plain':>9}{'x pl geo':>9}{'x plain':>9}{'x hf':>7}"
     )
     sub = (
         f"{'':<17}{'':>4}{'':>5}{'ms':>9}{'ms':>9}{'ms':>9}{'ms':>9}"
-        f"{'':>9}{'':>8}{'decode':>9}{'decode':>9}{'total':>9}{'total':>7}"
+        f"{'':>9}{'':>8}{'':>8}{'decode':>9}{'decode':>9}{'total':>9}{'total':>7}"
     )
     lines = []
     for slice_name, methods in summary.items():
@@ -603,7 +614,8 @@ def format_tables(
             lines.append(
                 f"{method:<17}{s['n']:>4}{s['mismatches']:>5}{_f(s['decode_ms_median']):>8}{star}"
                 f"{_f(s['decode_ms_p95']):>8}{star}{_f(s['total_ms_median']):>9}{_f(s['total_ms_p95']):>9}"
-                f"{_f(s['tokens_per_pass_mean'], '.2f'):>9}{_f(s['acceptance'], '.0%'):>8}"
+                f"{_f(s['tokens_per_pass_mean'], '.2f'):>9}"
+                f"{_f(s['tokens_per_pass_after_prefill'], '.2f'):>8}{_f(s['acceptance'], '.0%'):>8}"
                 f"{_f(s['x_plain_decode_median'], '.2f'):>9}{_f(s['x_plain_decode_geomean'], '.2f'):>9}"
                 f"{_f(s['x_plain_total_median'], '.2f'):>9}{_f(s.get('x_hf_greedy_total_median'), '.2f'):>7}"
             )

@@ -679,6 +679,7 @@ def summarize(
                 round(sum(r.saved_chars for r in pauses) / typed_chars, 3) if typed_chars else None
             ),
             "tokens_per_pass": s.get("tokens_per_pass"),
+            "tokens_per_pass_after_prefill": s.get("tokens_per_pass_after_prefill"),
             "reused_share": (s.get("kv_cache") or {}).get("reused_share"),
             "from_chain": (s.get("reuse") or {}).get("from_chain"),
             "budget_exhausted": s.get("budget_exhausted"),
@@ -708,6 +709,7 @@ def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
         ("p95 all ms", "{}"),
         (f"x {baseline} p50", "{}"),
         ("tok/pass", "{}"),
+        ("after prefill", "{}"),
         ("reused", "{}"),
         ("chars/ans", "{}"),
         ("exact", "{}"),
@@ -728,6 +730,7 @@ def format_table(summary: dict[str, dict[str, Any]], baseline: str) -> str:
                 s["p95_ms_all"],
                 s[f"p50_ms_at_pauses_x_faster_than_{baseline}"],
                 s["tokens_per_pass"],
+                s["tokens_per_pass_after_prefill"],
                 s["reused_share"],
                 s["chars_per_answer_at_pauses"],
                 s["exact_at_pauses"],

@@ -419,10 +419,12 @@ class SpeculativeEngine:
             if verdict.accepted < len(draft):
                 run.cache.crop(verdict.accepted - len(draft))
             run.generated = list(verdict.tokens)
+            run.stats.prefill_tokens = len(run.generated)
             return borrowed
         row = logits[-1:]
         token = self._choose(run, (row if run.healing is None else run.healing.constrain(row))[0])
         run.generated = [token]
+        run.stats.prefill_tokens = 1
         if run.healing is not None:
             run.healing.chose(0, token, int(row[0].argmax()) if run.sampling.greedy else None)
             run.healing.advance([token])

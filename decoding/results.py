@@ -28,6 +28,7 @@ class GenerationStats:
     produced_tokens: int = 0  # tokens the passes yielded up to the stop (returned + the stopping one)
     # produced_tokens + known_tokens: every token up to the stop
     target_passes: int = 0  # the prefill counts as one: it produces the first token
+    prefill_tokens: int = 0  # tokens the prefill pass yielded: its first token + its draft's kept ones
     reused_tokens: int = 0  # prompt tokens whose keys and values came from a previous generation
     known_tokens: int = 0  # tokens taken from a previous generation's greedy continuation (no pass)
     prefill_ms: float = 0.0
@@ -39,6 +40,15 @@ class GenerationStats:
     @property
     def tokens_per_pass(self) -> float:
         return self.produced_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def after_prefill(self) -> tuple[int, int]:
+        """(tokens, passes) after the prefill: what the drafts bought where the prompt's pass,
+        which any decode pays, is left out. A short decode's tokens per pass is dominated by its
+        prefill; this pair is the drafters' own figure."""
+        if not self.target_passes:
+            return 0, 0
+        return max(0, self.produced_tokens - self.prefill_tokens), self.target_passes - 1
 
     def to_dict(self) -> dict:
         out = asdict(self)

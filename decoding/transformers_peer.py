@@ -107,6 +107,7 @@ class TransformersDecoder:
         )
         stats.decode_ms = (time.perf_counter() - started) * 1000
         stats.target_passes = self._passes
+        stats.prefill_tokens = min(1, self._passes)  # generate()'s prefill carries no draft
         new = out[0, len(prompt_ids) :].tolist()
         kept, text, reason, consumed = self.engine.cut_at_stop(
             new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens, "", config.stop_when

@@ -81,6 +81,9 @@ class ServerStats:
     stop_reasons: dict[str, int] = field(default_factory=dict)
     produced_tokens: int = 0
     target_passes: int = 0
+    # the same after each decode's prefill: the drafters' own figure (see GenerationStats.after_prefill)
+    tokens_after_prefill: int = 0
+    passes_after_prefill: int = 0
     drafters: dict[str, DrafterTotals] = field(default_factory=dict)
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     known_tokens: int = 0  # tokens answered from a document's greedy chain, without a pass
@@ -108,6 +111,9 @@ class ServerStats:
         self.stop_reasons[result.stop_reason] = self.stop_reasons.get(result.stop_reason, 0) + 1
         self.produced_tokens += stats.produced_tokens
         self.target_passes += stats.target_passes
+        tokens, passes = stats.after_prefill
+        self.tokens_after_prefill += tokens
+        self.passes_after_prefill += passes
         self.known_tokens += stats.known_tokens
         for name, per in stats.drafters.items():
             totals = self.drafters.setdefault(name, DrafterTotals())
@@ -148,6 +154,11 @@ class ServerStats:
             "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
             "tokens_per_pass": (
                 round(self.produced_tokens / self.target_passes, 4) if self.target_passes else None
+            ),
+            "tokens_per_pass_after_prefill": (
+                round(self.tokens_after_prefill / self.passes_after_prefill, 4)
+                if self.passes_after_prefill
+                else None
             ),
             "drafters": {name: totals.to_dict() for name, totals in self.drafters.items()},
             "known_tokens": self.known_tokens,

@@ -85,3 +85,8 @@ def test_stats_report_passes_drafts_and_timings():
     ngram = stats["drafters"]["ngram"]
     assert ngram["proposed"] >= ngram["accepted"] > 0 and 0 < ngram["acceptance"] <= 1
     assert stats["prefill_ms"] > 0 and stats["decode_ms"] > 0
+    # what came after the prefill is the drafters' own figure
+    assert 1 <= stats["prefill_tokens"] <= 30
+    assert result.stats.after_prefill == (30 - stats["prefill_tokens"], stats["target_passes"] - 1)
+    plain = engine.generate(prompt, GenerationConfig(max_new_tokens=30)).stats
+    assert plain.prefill_tokens == 1 and plain.after_prefill == (29, 29)

@@ -99,6 +99,10 @@ def test_ngram_gets_several_tokens_per_pass_where_the_code_repeats(default_model
         assert result.token_ids == plain.token_ids
         assert result.stats.tokens_per_pass > 2.0, result.stats.to_dict()
         assert result.stats.target_passes < plain.stats.target_passes / 2
+        # the draft that rides on the prefill was kept: the prefill alone yielded several tokens
+        assert result.stats.prefill_tokens > 1
+        tokens, passes = result.stats.after_prefill
+        assert tokens / passes > 2.0 and passes == result.stats.target_passes - 1
 
 
 def test_edge_prompts_on_the_real_model(default_model):

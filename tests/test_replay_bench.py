@@ -76,6 +76,10 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
     workspace = payload["summary"]["shipped"]["workspace_index"]
     assert workspace["files"] == 1 and workspace["tokens"] > 0
     assert "p50 pause ms" in done.stdout and "shipped" in done.stdout
+    # without a drafter, every pass after the prefill yields exactly one token
+    assert payload["summary"]["baseline"]["tokens_per_pass_after_prefill"] == 1.0
+    assert payload["summary"]["shipped"]["tokens_per_pass_after_prefill"] >= 1.0
+    assert "after prefill" in done.stdout
     for config in ("shipped", "baseline"):  # each server's own resident memory, from its stats
         memory = payload["summary"][config]["memory"]
         assert 100 < memory["ready_rss_mb"] <= memory["peak_rss_mb"]

@@ -233,6 +233,7 @@ def test_percentiles_and_generation_totals():
     generation = GenerationStats(
         produced_tokens=12,
         target_passes=4,
+        prefill_tokens=6,
         known_tokens=5,
         prefill_ms=30.0,
         decode_ms=100.0,
@@ -245,6 +246,7 @@ def test_percentiles_and_generation_totals():
     stats.answer(10.0, empty=False)
     snap = stats.snapshot()
     assert snap["tokens_per_pass"] == 3.0 and snap["stop_reasons"] == {"stop": 1}
+    assert snap["tokens_per_pass_after_prefill"] == 2.0  # (12 - 6) tokens over (4 - 1) passes
     assert snap["known_tokens"] == 5
     assert snap["drafters"] == {"ngram": {"proposed": 8, "accepted": 6, "acceptance": 0.75}}
     assert snap["latency_ms"] == {"p50": 10.0, "p95": 10.0} and snap["answered"] == 1

@@ -1,0 +1,40 @@
+"""decode_bench's summary arithmetic on hand-made records: the benchmark itself needs the real
+model and minutes, so its figures are checked here on records whose answers are known."""
+
+from __future__ import annotations
+
+from benchmarks.decode_bench import MethodRun, PromptRecord, summarize
+
+
+def run(method: str, produced: int, passes: int, prefill_tokens: int) -> MethodRun:
+    return MethodRun(
+        method=method,
+        total_ms=10.0 * passes,
+        decode_ms=10.0 * (passes - 1),
+        prefill_ms=10.0,
+        engine_decode_ms=10.0 * (passes - 1),
+        produced_tokens=produced,
+        matches_plain=True,
+        stop_reason="stop",
+        target_passes=passes,
+        tokens_per_pass=produced / passes,
+        after_prefill=(produced - prefill_tokens, passes - 1),
+    )
+
+
+def record(index: int, *runs: MethodRun) -> PromptRecord:
+    rec = PromptRecord("cold", index, "a.py", index, 0, "", 100, "", "", "", True)
+    rec.runs = {r.method: r for r in runs}
+    return rec
+
+
+def test_tokens_per_pass_after_the_prefill_is_summed_over_prompts_not_averaged():
+    records = [
+        record(0, run("plain", 9, 9, 1), run("auto", 9, 2, 5)),  # 4 tokens in 1 pass after it
+        record(1, run("plain", 11, 11, 1), run("auto", 11, 6, 1)),  # 10 tokens in 5 passes
+    ]
+    summary = summarize(records, ["plain", "auto"])
+    assert summary["plain"]["tokens_per_pass_after_prefill"] == 1.0
+    # (4 + 10) / (1 + 5), where the mean of the per-prompt ratios would be (4 + 2) / 2
+    assert summary["auto"]["tokens_per_pass_after_prefill"] == 14 / 6
+    assert summary["auto"]["tokens_per_pass_mean"] == (9 / 2 + 11 / 6) / 2
