@@ -26,8 +26,8 @@ What a proposal costs on the CPU is reading the head's weights and its tokens' o
 after a target pass has streamed ~100 MB through the caches they come from memory again. So the
 head's layers and rows run on the 4-bit kernel (``HEAD_BITS``; Q4_1 blocks of its bf16 weights,
 a quarter of bf16's bytes): an 8-token proposal took 7.3 ms against 17 ms in bf16 in real
-decodes here, for a held-out agreement of 0.589 / 0.626 / 0.673 per draft position against
-0.609 / 0.645 / 0.691 in fp32 (2.21 against 2.27 tokens per pass for a 3-token chain). And its
+decodes here, for a held-out agreement of 0.609 / 0.646 / 0.695 per draft position against
+0.626 / 0.657 / 0.701 in fp32 (2.28 against 2.33 tokens per pass for a 3-token chain). And its
 q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel calls a chained step
 (fc, qkv, o, gate-up, down, scores) instead of nine; that bought only ~3% (0.96 against 0.99 ms
 a step and its scoring), the kernel's own time being most of a step. The target
