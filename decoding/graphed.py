@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from decoding.head import target_fingerprint
 from decoding.llama import LlamaForward, LlamaShape
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,9 @@ class GraphedForward:
         self.table = self.output if tied else table.to(device, dtype)
         self.rotary = lean.rotary[: self.capacity].to(device)
         self.head_scale = lean.head_scale.to(device)
+        # Which target a draft head was trained for: the lean forward's own fingerprint, since
+        # this one's weights are rounded to ``dtype`` (``decoding.head.target_fingerprint``).
+        self.fingerprint = target_fingerprint(lean)
         # A pass of up to ``width`` tokens costs one replay; the engine's cost model starts here.
         self.cost_prior = {n: float(math.ceil(n / width)) for n in (1, width, width + 1, 4 * width)}
         self._ids = torch.zeros(width, dtype=torch.long, device=device)
@@ -123,6 +127,14 @@ class GraphedForward:
 
     def new_cache(self) -> GraphedCache:
         return GraphedCache(self.shape, self.capacity, self.device, self.dtype)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> (rows, dim) fp32 embeddings on the device, as a draft head reads them."""
+        return self.table[ids.to(self.device)].float()
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the output layer, fp32 on the device (``decoding.head.output_rows``)."""
+        return self.output[ids.to(self.device)].float()
 
     def nbytes(self) -> int:
         """Bytes of weights on the device (a tied embedding counted once)."""

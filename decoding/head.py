@@ -271,7 +271,10 @@ def load_head(folder: Path, dtype: torch.dtype = torch.float32) -> DraftHead:
 
 
 def output_rows(forward, ids: torch.Tensor) -> torch.Tensor:
-    """Rows of a lean forward's output layer, fp32 (a quantized layer's rows dequantized)."""
+    """Rows of a lean forward's output layer, fp32 (a quantized layer's rows dequantized; a
+    graphed forward's on its device)."""
+    if hasattr(forward, "output_rows"):
+        return forward.output_rows(ids)
     head = forward.head
     if hasattr(head, "rows"):
         return head.rows(ids)
@@ -280,7 +283,10 @@ def output_rows(forward, ids: torch.Tensor) -> torch.Tensor:
 
 def target_fingerprint(forward) -> str | None:
     """Which target a head was trained for: a lean forward's shape and a digest of its final norm
-    and its first output rows; None for a forward without hidden states for a head."""
+    and its first output rows; None for a forward without hidden states for a head. A graphed
+    forward carries the fingerprint of the lean forward it was made from."""
+    if hasattr(forward, "fingerprint"):
+        return forward.fingerprint
     if not hasattr(forward, "norm") or not hasattr(forward, "shape"):
         return None
     import hashlib

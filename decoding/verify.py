@@ -57,6 +57,8 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)  # the engine's generator lives on the CPU
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

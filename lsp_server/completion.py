@@ -429,9 +429,12 @@ def _decode_note(decoded: Decoded, outcome: Outcome[Any]) -> str:
     """How a decode went, for the debug log."""
     result, s = decoded.result, decoded.result.stats
     budget = " (budget)" if outcome.budget_exhausted else ""
+    after_tokens, after_passes = s.after_prefill
+    after = f"{after_tokens / after_passes:.2f}" if after_passes else "-"
     return (
         f"{result.stop_reason}{budget}, {s.new_tokens} tokens, "
-        f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass, prompt {s.prompt_tokens} "
+        f"{s.target_passes} passes, {s.tokens_per_pass:.2f}/pass ({after} after the prefill), "
+        f"prompt {s.prompt_tokens} "
         f"({s.reused_tokens} reused, {s.known_tokens} known), healed {decoded.prompt.healed!r}, "
         f"queued {outcome.queued_ms:.0f} ms, prefill {s.prefill_ms:.0f} ms, draft {s.draft_ms:.0f} ms, "
         f"verify {s.verify_ms:.0f} ms, decode {s.decode_ms:.0f} ms, drafted "

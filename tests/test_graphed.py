@@ -12,13 +12,15 @@ import random
 import pytest
 import torch
 
-from decoding.drafters import make_drafter
+from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.graphed import GraphedCache, GraphedForward
+from decoding.head import target_fingerprint
 from decoding.llama import from_transformers
 from decoding.models import LoadedModel
-from tests.test_engine_greedy import perturbed_copy
-from tests.test_quant import assert_speculative_greedy_is_plain_greedy
+from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
+from tests.test_head import trained_tiny_head
+from tests.test_quant import assert_speculative_greedy_is_plain_greedy, plain_greedy_pass
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -115,6 +117,43 @@ def test_speculative_greedy_equals_the_graphed_models_plain_greedy(graphed_pairs
     assert_speculative_greedy_is_plain_greedy(*graphed_pairs, drafter_name, graphed_loaded)
 
 
+@pytest.mark.parametrize(("device", "dtype"), SETUPS, ids=SETUP_IDS)
+def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(tmp_path, device, dtype):
+    """A head trained on the lean forward loads for its graphed copy (the lean forward's
+    fingerprint), runs dense on the graphed forward's device reading its cache's hidden states,
+    and 100 prompt/stop cases with it equal the graphed model's own plain greedy."""
+    lean = from_transformers(tiny_model(41, layers=2, logit_scale=3.0, max_positions=1024), 0)
+    trained_tiny_head(lean).save(tmp_path / "head")
+    forward = GraphedForward(lean, torch.device(device), dtype)
+    assert target_fingerprint(forward) == target_fingerprint(lean)
+    head = load_head_drafter(
+        graphed_loaded(forward), str(tmp_path / "head"), bits=4 if device == "cpu" else None
+    )
+    assert head.device.type == device and next(head.head.parameters()).device.type == device
+    assert (head.bits is None) == (device != "cpu")
+    proposed = accepted = 0
+    for i in range(100):
+        rng, prompt, variant = make_case(i)
+        kwargs, eos, want_tokens, want_text = expected_output(
+            plain_greedy_pass(forward, prompt, MAX_NEW), variant, rng
+        )
+        engine = SpeculativeEngine(graphed_loaded(forward, eos))
+        head.confident = i % 4 == 0  # mostly full-length drafts (the tiny head is rarely sure)
+        result = engine.generate(prompt, GenerationConfig(**kwargs), make_drafter("head", draft_head=head))
+        assert result.token_ids == want_tokens, f"case {i}: the head diverged from greedy"
+        assert result.text == want_text
+        stats = result.stats.drafters.get("head")
+        if stats is not None:
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert proposed > 100 and 0 < accepted < proposed
+    sampled = SpeculativeEngine(graphed_loaded(forward)).generate(
+        [1, 2, 3],
+        GenerationConfig(max_new_tokens=8, temperature=0.8, seed=3),
+        make_drafter("head", draft_head=head),
+    )
+    assert len(sampled.token_ids) == 8  # a sampled draft's q is made on the CPU, beside the generator
+
+
 @pytest.mark.real_model
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -145,18 +184,28 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
     assert drafted["ngram"] > 0 and drafted["model"] > 0
 
 
-@pytest.mark.real_model
-def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does(default_model):
-    """The GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), run on the CPU in
-    fp32, picks the quantized lean forward's greedy token on real code (they differ only by the
-    4-bit kernel's bf16 activations): the weights' layout, rotary order and tied table are right."""
+@pytest.fixture(scope="module")
+def dense_default():
+    """The default GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), on the
+    CPU in fp32."""
     from decoding.llama import from_gguf
     from decoding.models import default_gguf_path
-    from tests.test_real_model import stdlib_prompts
 
-    dense = GraphedForward(
+    return GraphedForward(
         from_gguf(str(default_gguf_path()), dense=True), torch.device("cpu"), torch.float32, capacity=512
     )
+
+
+@pytest.mark.real_model
+def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does(
+    default_model, dense_default
+):
+    """The dense GGUF run on the CPU in fp32 picks the quantized lean forward's greedy token on
+    real code (they differ only by the 4-bit kernel's bf16 activations): the weights' layout,
+    rotary order and tied table are right."""
+    from tests.test_real_model import stdlib_prompts
+
+    dense = dense_default
     assert dense.formats == "F32+Q4_1+Q8_0 as float32 on cpu"
     tokens = default_model.tokenizer(stdlib_prompts(1, prompt_chars=1200)[0])["input_ids"][:300]
     want = default_model.forward(tokens, default_model.forward.new_cache())
@@ -164,3 +213,41 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree
     assert torch.allclose(torch.softmax(got, -1), torch.softmax(want, -1), atol=0.05)
+
+
+@pytest.mark.real_model
+def test_the_shipped_head_drafts_for_the_default_model_on_the_graphed_forward(default_model, dense_default):
+    """What a GPU would run, on the CPU: ``auto`` finds the shipped head for the graphed default
+    model (the same fingerprint as its quantized forward), it runs dense (no 4-bit kernel off the
+    CPU's lean path is needed), greedy output with it is the graphed model's own, and most of its
+    drafts on held-out code are kept."""
+    from benchmarks.decode_bench import stdlib_files
+
+    assert target_fingerprint(dense_default) == target_fingerprint(default_model.forward)
+    loaded = LoadedModel(
+        model=None,
+        tokenizer=default_model.tokenizer,
+        device=dense_default.device,
+        dtype=dense_default.dtype,
+        source="default, dense",
+        forward=dense_default,
+        config=default_model.config,
+        quantization=dense_default.formats,
+    )
+    head = load_head_drafter(loaded, "auto", bits=None)
+    assert head is not None and head.folder.endswith("smollm2-135m-instruct")
+    engine = SpeculativeEngine(loaded)
+    agree = total = 0
+    for rel, path in stdlib_files()[5:35:10]:
+        text = path.read_text(encoding="utf-8")
+        ids = engine.encode(text[: len(text) // 2])[-200:]
+        cache = dense_default.new_cache()
+        greedy = dense_default(ids, cache).argmax(-1).tolist()
+        head.attach(cache)
+        for j in range(100, len(ids) - 1):  # the head's first draft after ids[: j + 1]
+            agree += head.propose_exactly(ids[: j + 1], 1).tokens == greedy[j : j + 1]
+            total += 1
+        config = GenerationConfig(max_new_tokens=16)
+        with_head = engine.generate(ids, config, make_drafter("head", draft_head=head, cost=engine.cost))
+        assert with_head.token_ids == engine.generate(ids, config).token_ids, rel
+    assert agree >= 0.45 * total, (agree, total)  # held-out: ~0.6; an untrained head: ~0

@@ -260,3 +260,11 @@ def test_percentiles_and_generation_totals():
         "decode_other": 10.0,
         "postprocess": 0.5,
     }
+    from lsp_server.completion import Decoded, _decode_note
+    from lsp_server.context.builder import Prompt
+    from lsp_server.scheduler import Outcome
+
+    note = _decode_note(
+        Decoded(GenerationResult("x", [1], "stop", generation), 2.0, Prompt("p")), Outcome("done")
+    )
+    assert "4 passes, 3.00/pass (2.00 after the prefill)" in note  # the per-answer debug line

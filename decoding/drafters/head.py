@@ -33,6 +33,10 @@ q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel calls
 a step and its scoring), the kernel's own time being most of a step. The target
 verifies every draft and a sampled draft's q is the distribution its token was drawn from, so
 exactness does not depend on any of this.
+
+On a GPU (the graphed forward, ``decoding/graphed.py``) the head runs dense in bf16 on the
+target's device, reading the graphed cache's hidden states where they are; only a sampled
+draft's distribution goes to the CPU, where the engine's generator draws from it.
 """
 
 from __future__ import annotations
@@ -84,16 +88,21 @@ class HeadDrafter:
         bits: int | None = None,
     ) -> None:
         """``output_rows``: the target's output layer's rows for ``head.vocab`` (all rows when the
-        head scores the whole vocabulary), (len(vocab) or vocab_size, dim), fp32. ``bits`` 4 or 8
-        puts the head's layers and those rows on the 4-bit kernel (``quant.layers.SmallLinear``,
-        see ``HEAD_BITS``); None keeps them dense, in bf16 where bf16 is faster on this machine
-        (``head_dtype``), else fp32. ``head`` is converted in place."""
-        self.dtype = torch.bfloat16 if bits else head_dtype(output_rows.shape[1])
-        self.head, self.embed = head.fuse().to(self.dtype), embed
+        head scores the whole vocabulary), (len(vocab) or vocab_size, dim), fp32, on the device
+        the target's hidden states are (and the head will be). ``bits`` 4 or 8 puts the head's
+        layers and those rows on the CPU's 4-bit kernel (``quant.layers.SmallLinear``, see
+        ``HEAD_BITS``); None keeps them dense, in bf16 on an accelerator or where bf16 is faster
+        on this CPU (``head_dtype``), else fp32. ``head`` is converted in place."""
+        self.device = output_rows.device
+        if bits and self.device.type != "cpu":
+            raise ValueError("a quantized draft head runs on the CPU only")
+        self.dtype = torch.bfloat16 if bits else head_dtype(output_rows.shape[1], self.device)
+        self.head, self.embed = head.fuse().to(self.device, self.dtype), embed
         self.bits = bits
         if bits:
             quantize_linears(self.head, bits)
         self._score = self._scorer(output_rows)
+        self._vocab_on_cpu = self.head.vocab.cpu()  # where a sampled draft's q is made
         self.folder = ""  # where the head was loaded from, for logs and stats
         self.vocab_size, self.eos = vocab_size, eos
         self.max_draft = max_draft
@@ -175,11 +184,11 @@ class HeadDrafter:
         """Entries ``first`` .. for ``features`` (rows, dim) and their next ``tokens``; their g."""
         ids = torch.tensor(list(tokens), dtype=torch.long)
         rows = len(ids)
-        positions = torch.arange(first - self._base, first - self._base + rows)
+        positions = torch.arange(first - self._base, first - self._base + rows, device=self.device)
         mask = None  # one row sees every entry: no mask
         if rows > 1:
             past = self._cache.length
-            mask = torch.ones(rows, past + rows, dtype=torch.bool).tril_(past)
+            mask = torch.ones(rows, past + rows, dtype=torch.bool, device=self.device).tril_(past)
         embeds = self.embed(ids)[None].to(self.dtype)
         g = self.head(features[None].to(self.dtype), embeds, positions, mask, self._cache)
         return g[0]
@@ -218,10 +227,10 @@ class HeadDrafter:
             tempered = (scores - scores[best]) / self.head.config.confidence_temperature
             confidence = float(1.0 / torch.exp(tempered).sum())
             return (int(vocab[best]) if len(vocab) else best), confidence, None
-        logits = scores
+        logits = scores = scores.cpu()  # drawn with the engine's generator, on the CPU
         if len(vocab):
             logits = torch.full((self.vocab_size,), float("-inf"))
-            logits[vocab] = scores
+            logits[self._vocab_on_cpu] = scores
         q = sampling_probs(logits, self._sampling)
         token = sample(q, self._generator)
         return token, float(q[token]), q
@@ -281,7 +290,8 @@ def load_head_drafter(
     """The head named by ``spec`` for ``target``: ``auto`` is the shipped head trained for this
     very target if there is one, ``none`` no head, anything else a folder (or its weights file) or
     a hub id in the local Hugging Face cache. A head that does not fit the target is refused with
-    a ValueError meant for the user."""
+    a ValueError meant for the user. Off the CPU (a graphed target) the head runs dense in bf16
+    beside the target, whatever ``bits`` says."""
     if spec == "none":
         return None
     mark = target_fingerprint(target.forward)
@@ -292,8 +302,11 @@ def load_head_drafter(
     folder = shipped_head(mark) if spec == "auto" else _head_folder(spec)
     if folder is None:
         return None
+    device = torch.device(target.device)
+    if device.type != "cpu":
+        bits = None
     try:
-        head = load_head(folder, head_dtype(target.forward.shape.dim))
+        head = load_head(folder, head_dtype(target.forward.shape.dim, device))
     except (OSError, KeyError, TypeError, ValueError, SafetensorError) as exc:
         raise ValueError(f"draft head {spec}: cannot be read ({exc})") from exc
     if head.config.target and head.config.target != mark:
@@ -314,9 +327,11 @@ def load_head_drafter(
     return drafter
 
 
-def head_dtype(dim: int) -> torch.dtype:
-    """bf16 where scoring a head's tokens (8192 here, the shipped head's) of width ``dim`` is
-    faster in it on this machine, else fp32."""
+def head_dtype(dim: int, device: torch.device | None = None) -> torch.dtype:
+    """bf16 on an accelerator, and on the CPU where scoring a head's tokens (8192 here, the
+    shipped head's) of width ``dim`` is faster in it on this machine; else fp32."""
+    if device is not None and device.type != "cpu":
+        return torch.bfloat16
     return torch.bfloat16 if bf16_scores_faster(8192, dim) else torch.float32
 
 
