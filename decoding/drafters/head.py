@@ -15,8 +15,8 @@ entries takes ~1 ms against ~5 ms over 256.
 
 How far to draft: the head's probability for its own token, under the temperature fitted for it
 on held-out code (``HeadConfig.confidence_temperature``, 0.75 for the shipped head), tracks how
-often its greedy token agrees with the target's (for the shipped head: 17% of the time below
-0.1, 37% at 0.3-0.4, 96% above 0.9; ``benchmarks/head_tree.py``), so the product of those
+often its greedy token agrees with the target's (for the shipped head: 16% of the time below
+0.1, 39% at 0.3-0.4, 96% above 0.9; ``benchmarks/head_tree.py``), so the product of those
 probabilities is the chance that a whole chain is kept. Where ``auto`` drafts from the head it
 goes on while that chance beats what one more token costs (its share of a wider verify pass and
 a head step, ``_worth``), as EAGLE-2 sizes its drafts by confidence, and stops (possibly before
@@ -26,8 +26,8 @@ What a proposal costs on the CPU is reading the head's weights and its tokens' o
 after a target pass has streamed ~100 MB through the caches they come from memory again. So the
 head's layers and rows run on the 4-bit kernel (``HEAD_BITS``; Q4_1 blocks of its bf16 weights,
 a quarter of bf16's bytes): an 8-token proposal took 7.3 ms against 17 ms in bf16 in real
-decodes here, for a held-out agreement of 0.609 / 0.646 / 0.695 per draft position against
-0.626 / 0.657 / 0.701 in fp32 (2.28 against 2.33 tokens per pass for a 3-token chain). And its
+decodes here, for a held-out agreement of 0.617 / 0.656 / 0.705 per draft position against
+0.640 / 0.674 / 0.712 in fp32 (2.31 against 2.38 tokens per pass for a 3-token chain). And its
 q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel calls a chained step
 (fc, qkv, o, gate-up, down, scores) instead of nine; that bought only ~3% (0.96 against 0.99 ms
 a step and its scoring), the kernel's own time being most of a step. The target
