@@ -151,7 +151,8 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
         GenerationConfig(max_new_tokens=8, temperature=0.8, seed=3),
         make_drafter("head", draft_head=head),
     )
-    assert len(sampled.token_ids) == 8  # a sampled draft's q is made on the CPU, beside the generator
+    # a sampled draft's q is made on the CPU, beside the engine's generator: the head drafted here
+    assert len(sampled.token_ids) == 8 and sampled.stats.drafters["head"].proposed > 0
 
 
 @pytest.mark.real_model
