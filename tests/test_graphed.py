@@ -209,7 +209,14 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     dense = dense_default
     assert dense.formats == "F32+Q4_1+Q8_0 as float32 on cpu"
     tokens = default_model.tokenizer(stdlib_prompts(1, prompt_chars=1200)[0])["input_ids"][:300]
-    want = default_model.forward(tokens, default_model.forward.new_cache())
+    # A greedy generation earlier in the session leaves the output layer ranking by its leading
+    # 4-bit term alone (``QuantizedHead.greedy_only``): compare against both terms.
+    head = default_model.forward.head
+    saved, head.greedy_only = head.greedy_only, False
+    try:
+        want = default_model.forward(tokens, default_model.forward.new_cache())
+    finally:
+        head.greedy_only = saved
     got = dense(tokens, dense.new_cache())
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree

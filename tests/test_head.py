@@ -261,6 +261,31 @@ def test_a_confident_draft_goes_only_as_far_as_its_chance_of_being_kept_pays(tar
     assert drafted == plain[: len(drafted)]
 
 
+@torch.no_grad()
+def test_a_slow_first_step_does_not_price_the_head_out_for_good(targets, heads):
+    """A head's chained steps are priced by their measured time. Its kernels are loaded when it
+    is made (a cold first step on CUDA took ~100 ms against a 3.6 ms target step, and so the head
+    drafted nothing on an H200), and the one-entry pass that catches it up with each accepted
+    token is timed as a step too: a price measured too high comes down even while it drafts
+    nothing, and drafting resumes."""
+    target, head = targets[0], heads[0]
+    drafter = head_drafter(target, head, max_draft=4)
+    assert drafter._cache.length == 0 and drafter._chain_ms is None  # warmed up, nothing kept
+    tokens = own_sequences(target, 1, 60, seed=7)[0]
+    cache = target.new_cache()
+    target(tokens[:20], cache)
+    drafter.attach(cache)
+    drafter.cost = CostModel(prior={1: 1.0, 64: 1.0}, measured_ms={1: 1000.0})  # free verifying
+    drafter._chain_ms = 50_000.0  # a cold step: 50 target steps
+    assert drafter.propose_exactly(tokens[:21], 4, confident=True).tokens == []
+    drafted = []
+    for n in range(21, 59):  # the target feeds one token at a time; the head drafts nothing...
+        target(tokens[n - 1 : n], cache)
+        drafted.append(len(drafter.propose_exactly(tokens[: n + 1], 4, confident=True).tokens))
+    assert drafter._chain_ms < 1000.0  # ...but its catch-up steps are timed: the price came down
+    assert drafted[0] == 0 and drafted[-1] > 0  # and it drafts again
+
+
 def test_the_confidence_temperature_weighs_drafts_but_never_changes_them(targets, heads):
     """A head's fitted ``confidence_temperature`` divides its scores only where its probability
     for its own draft decides how far to draft: the same tokens, a sharper probability below 1."""

@@ -36,7 +36,9 @@ exactness does not depend on any of this.
 
 On a GPU (the graphed forward, ``decoding/graphed.py``) the head runs dense in bf16 on the
 target's device, reading the graphed cache's hidden states where they are; only a sampled
-draft's distribution goes to the CPU, where the engine's generator draws from it.
+draft's distribution goes to the CPU, where the engine's generator draws from it. There its steps
+run eagerly and cost more than a graphed target step (measured on an H200: the README's "On a
+GPU"), so ``auto`` leaves it alone; graphing the head's step is what would change that.
 """
 
 from __future__ import annotations
@@ -124,6 +126,18 @@ class HeadDrafter:
         self._cache = HeadCache()
         self._tokens: list[int] = []  # the tokens the true entries were computed from
         self._base = 0  # the position of the head cache's first entry
+        self._warm_up()
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """A step over two entries, one over one and a scoring, on dummy inputs. A device loads
+        its kernels on first use (on CUDA, ~100 ms for cuBLAS and attention), and a first chained
+        step that slow would price every later draft out for good: drafting nothing, the head
+        would never time a step again (on an H200 it drafted nothing before this)."""
+        features = torch.zeros(2, self.head.config.dim, device=self.device)
+        g = self._step(features, [0, 0], 0)
+        self._score(self._step(g[-1:], [0], 2)[-1])
+        self._cache = HeadCache()
 
     def begin(
         self,
@@ -204,7 +218,10 @@ class HeadDrafter:
             start, valid = fed - 1, valid - 1
         self._cache.crop(valid)
         features = self._cache_of_target.hidden[start:fed]
+        started = time.perf_counter()
         g = self._step(features, tokens[start + 1 : fed + 1], start)
+        if fed - start == 1:  # the same work as a chained step: keeps its price current
+            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - started) * 1000)
         self._tokens = list(tokens[: fed + 1])
         return g[-1]
 
