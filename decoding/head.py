@@ -21,6 +21,7 @@ Written by hand: no library runs an EAGLE head over this project's lean forward 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -29,10 +30,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SHIPPED = Path(__file__).parent / "heads"  # heads that ship with the package, one folder each
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+
+
+# On CUDA, torch prefers cuDNN's attention on Hopper (sm90, cuDNN > 9.15), which builds an
+# execution plan the first time it meets each shape. A drafting head attends over one more entry
+# every step, so nearly every step met a new shape: on an H200 a pass with the head took 30-80 ms
+# on prompts it had not seen, and a few ms on the same prompts a second time. Its attention is
+# tiny (a few rows over at most 512 entries): the other kernels serve it without plans. (Read
+# from torch's ``sdp_utils.cpp`` and those timings; not yet measured with this change on a GPU.)
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,8 @@ class HeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         causal = mask is None and cache is None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        with sdpa_kernel(NO_CUDNN) if q.is_cuda else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, c.heads * c.head_dim))
 
 
