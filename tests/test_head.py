@@ -264,10 +264,10 @@ def test_a_confident_draft_goes_only_as_far_as_its_chance_of_being_kept_pays(tar
 @torch.no_grad()
 def test_a_slow_first_step_does_not_price_the_head_out_for_good(targets, heads):
     """A head's chained steps are priced by their measured time. Its kernels are loaded when it
-    is made (a cold first step on CUDA took ~100 ms against a 3.6 ms target step, and so the head
-    drafted nothing on an H200), and the one-entry pass that catches it up with each accepted
-    token is timed as a step too: a price measured too high comes down even while it drafts
-    nothing, and drafting resumes."""
+    is made (a first step timed while CUDA loaded them priced every draft out against a 3.6 ms
+    target step: on an H200 the head drafted nothing), and the one-entry pass that catches it up
+    with each accepted token is timed as a step too: a price measured too high comes down even
+    while it drafts nothing, and drafting resumes."""
     target, head = targets[0], heads[0]
     drafter = head_drafter(target, head, max_draft=4)
     assert drafter._cache.length == 0 and drafter._chain_ms is None  # warmed up, nothing kept

@@ -131,9 +131,9 @@ class HeadDrafter:
     @torch.inference_mode()
     def _warm_up(self) -> None:
         """A step over two entries, one over one and a scoring, on dummy inputs. A device loads
-        its kernels on first use (on CUDA, ~100 ms for cuBLAS and attention), and a first chained
-        step that slow would price every later draft out for good: drafting nothing, the head
-        would never time a step again (on an H200 it drafted nothing before this)."""
+        its kernels on first use (CUDA: cuBLAS, attention), and a first chained step timed while
+        it did so priced every later draft out: on an H200 the head drafted nothing before this,
+        and drafting nothing it never timed a step again (``_sync`` times one now too)."""
         features = torch.zeros(2, self.head.config.dim, device=self.device)
         g = self._step(features, [0, 0], 0)
         self._score(self._step(g[-1:], [0], 2)[-1])
