@@ -133,11 +133,11 @@ class HeadDrafter:
         """A step over two entries, one over one and a scoring, on dummy inputs. A device loads
         its kernels on first use (CUDA: cuBLAS, attention), and a first chained step timed while
         it did so priced every later draft out: on an H200 the head drafted nothing before this,
-        and drafting nothing it never timed a step again (``_sync`` times one now too)."""
+        and drafting nothing it never timed a step again (``_step`` times catch-ups now too)."""
         features = torch.zeros(2, self.head.config.dim, device=self.device)
         g = self._step(features, [0, 0], 0)
         self._score(self._step(g[-1:], [0], 2)[-1])
-        self._cache = HeadCache()
+        self._cache, self._chain_ms = HeadCache(), None  # the cold step's time prices nothing
 
     def begin(
         self,
@@ -195,7 +195,11 @@ class HeadDrafter:
 
     # -- the head's entries -------------------------------------------------------------------------
     def _step(self, features: torch.Tensor, tokens: Sequence[int], first: int) -> torch.Tensor:
-        """Entries ``first`` .. for ``features`` (rows, dim) and their next ``tokens``; their g."""
+        """Entries ``first`` .. for ``features`` (rows, dim) and their next ``tokens``; their g.
+        A one-row step is what one more drafted token costs, whether it chains a draft or catches
+        up with a token the target accepted: each one is timed, so that price stays current even
+        while the head drafts nothing."""
+        started = time.perf_counter()
         ids = torch.tensor(list(tokens), dtype=torch.long)
         rows = len(ids)
         positions = torch.arange(first - self._base, first - self._base + rows, device=self.device)
@@ -205,6 +209,8 @@ class HeadDrafter:
             mask = torch.ones(rows, past + rows, dtype=torch.bool, device=self.device).tril_(past)
         embeds = self.embed(ids)[None].to(self.dtype)
         g = self.head(features[None].to(self.dtype), embeds, positions, mask, self._cache)
+        if rows == 1:
+            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - started) * 1000)
         return g[0]
 
     def _sync(self, tokens: Sequence[int], fed: int) -> torch.Tensor:
@@ -218,10 +224,7 @@ class HeadDrafter:
             start, valid = fed - 1, valid - 1
         self._cache.crop(valid)
         features = self._cache_of_target.hidden[start:fed]
-        started = time.perf_counter()
         g = self._step(features, tokens[start + 1 : fed + 1], start)
-        if fed - start == 1:  # the same work as a chained step: keeps its price current
-            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - started) * 1000)
         self._tokens = list(tokens[: fed + 1])
         return g[-1]
 
@@ -279,9 +282,7 @@ class HeadDrafter:
                 rows.append(q)
             if i == k - 1 or token in self.eos:
                 break
-            step_started = time.perf_counter()
             g = self._step(g[None], [token], len(tokens) - 1 + i)[-1]
-            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - step_started) * 1000)
         self._cache.crop(true_entries)
         # The whole proposal: catching up with the target's new states (a pass over the tokens
         # it accepted) is part of what a draft costs.
