@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 
 from decoding.head import expected_tokens_per_pass, load_head, output_rows, shipped_head
-from decoding.train_head import Target, agreement, batches, chain_outputs, features, stdlib_root
+from decoding.head_features import shard_batches
+from decoding.train_head import Target, agreement, chain_outputs, features, stdlib_root
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_tree.json"
 
@@ -51,7 +52,7 @@ def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> tup
     rows_out = output_rows(target.model.forward, head.vocab)
     hits, seen = [0] * top, 0
     in_bin, agree_in_bin = torch.zeros(BINS), torch.zeros(BINS)
-    for tokens, hidden in batches(shards, 8, 0):
+    for tokens, hidden in shard_batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
         g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
         scores = g @ rows_out.T / head.config.confidence_temperature  # as HeadDrafter weighs them

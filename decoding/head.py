@@ -242,8 +242,9 @@ class DraftHead(nn.Module):
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in self.state_dict().items()}
-        tensors["vocab"] = self.vocab.to(torch.int32)
+        state = self.state_dict().items()
+        tensors = {name: t.detach().to("cpu", torch.bfloat16).contiguous() for name, t in state}
+        tensors["vocab"] = self.vocab.to("cpu", torch.int32)
         save_file(
             tensors, str(folder / WEIGHTS_NAME), metadata={k: str(v) for k, v in (metadata or {}).items()}
         )

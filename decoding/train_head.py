@@ -6,6 +6,8 @@
 2. **Features**: the target's hidden states over sequences of ``--sequence`` tokens, computed with
    the target's own forward (the quantized one the server runs) and cached on disk in shards, so
    an interrupted run resumes where it stopped and a run over more tokens computes only the new ones.
+   On a GPU (``--device cuda``) each batch's states are computed as it is drawn instead
+   (``decoding/head_features.py`` says why and what that changes).
 3. **Training**: the head reads f_j and token j+1 and regresses f_{j+1} (smooth L1) while its
    scores over the head's vocabulary match the target's own distribution there (cross-entropy
    against the softmax of the target's output layer on f_{j+1}); ``--depth`` chained passes train
@@ -32,7 +34,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,6 +52,13 @@ from decoding.head import (
     output_rows,
     shipped_head,
     target_fingerprint,
+)
+from decoding.head_features import (
+    BatchFeatures,
+    CachedFeatures,
+    FeatureSource,
+    shard_batches,
+    shard_sequences,
 )
 from decoding.models import LoadedModel, cache_root, load_model
 
@@ -215,13 +224,11 @@ def link_or_copy(source: Path, destination: Path) -> None:
         destination.with_suffix(".tmp").rename(destination)
 
 
-def frequent_tokens(shards: list[Path], size: int, vocab: int) -> torch.Tensor:
-    """The ``size`` most frequent tokens of the training shards, ascending ids."""
-    from safetensors.torch import load_file
-
+def frequent_tokens(token_tensors: Iterable[torch.Tensor], size: int, vocab: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training tokens, ascending ids."""
     counts = torch.zeros(vocab, dtype=torch.long)
-    for shard in shards:
-        counts += torch.bincount(load_file(str(shard))["tokens"].long().reshape(-1), minlength=vocab)
+    for tokens in token_tensors:
+        counts += torch.bincount(tokens.long().reshape(-1), minlength=vocab)
     return torch.topk(counts, min(size, vocab)).indices.sort().values
 
 
@@ -234,8 +241,8 @@ def chain_outputs(
     hidden: (batch, rows + 1, dim) the target's states; embeds: (batch, rows, dim) of tokens 1..;
     each result: (batch, rows, dim), entry j an estimate of hidden[:, j + 1]."""
     rows = embeds.shape[1]
-    mask = chain_mask(rows, depth)
-    positions = torch.arange(rows)  # a chained entry takes its own index
+    mask = chain_mask(rows, depth).to(hidden.device)
+    positions = torch.arange(rows, device=hidden.device)  # a chained entry takes its own index
     cache = HeadCache()
     features = hidden[:, :-1]
     if noise:
@@ -256,7 +263,7 @@ def chain_loss(
     target = hidden[:, 1:]
     with torch.no_grad():
         p = torch.softmax(target @ rows_out.T, dim=-1)
-    total = torch.zeros(())
+    total = hidden.new_zeros(())
     for d, g in enumerate(chain_outputs(head, hidden, embeds, depth, noise)):
         g, want, pd = g[:, d:], target[:, d:], p[:, d:]
         regression = F.smooth_l1_loss(g, want)
@@ -265,59 +272,52 @@ def chain_loss(
     return total / depth
 
 
-def shard_sequences(shard: Path) -> int:
-    """Sequences in a shard, read from its header (the tensors stay on disk)."""
-    from safetensors import safe_open
-
-    with safe_open(str(shard), framework="pt") as data:
-        return int(data.get_slice("tokens").get_shape()[0])
+TIMED_STEPS = (5, 25)  # steps timed for ``--max-minutes``, after the first (kernels load then)
 
 
-def batches(shards: list[Path], size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    from safetensors.torch import load_file
-
-    order = list(shards)
-    random.Random(seed).shuffle(order)
-    for shard in order:
-        data = load_file(str(shard))
-        perm = torch.randperm(len(data["tokens"]), generator=torch.Generator().manual_seed(seed))
-        for start in range(0, len(perm), size):
-            pick = perm[start : start + size]
-            yield data["tokens"][pick].long(), data["hidden"][pick].float()
+def epochs_that_fit(step_s: float, steps_per_epoch: int, minutes: float, done: int, planned: int) -> int:
+    """The epochs to run up to: ``planned``, or fewer where they would take more than
+    ``minutes`` at ``step_s`` a step; always at least the one under way."""
+    fit = int(minutes * 60 / (step_s * steps_per_epoch))
+    return max(done + 1, min(planned, done + fit))
 
 
-def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Path) -> None:
+def train(head: DraftHead, target: Target, source: FeatureSource, args, folder: Path) -> None:
+    """``args.epochs`` epochs over ``source``'s batches on its device, a checkpoint after each.
+    With ``--max-minutes`` (a lent GPU's few minutes), only the epochs that fit, at the speed of
+    the first epoch's steps; the learning rate decays over the epochs that run."""
     state = folder / "progress.json"
     progress = json.loads(state.read_text()) if state.exists() else {"epochs": 0, "loss": []}
     done = progress["epochs"]
-    rows_out = output_rows(target.model.forward, head.vocab)
+    device = source.device
+    head.to(device)
+    rows_out = output_rows(target.model.forward, head.vocab.cpu()).to(device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
-    steps_per_epoch = sum(-(-shard_sequences(shard) // args.batch) for shard in shards)
-    bf16 = use_bf16(args.precision, head.config.dim)
-    log.info("training in %s", "bf16 autocast" if bf16 else "fp32")
-    for epoch in range(done, args.epochs):
+    steps_per_epoch = source.steps()
+    bf16 = use_bf16(args.precision, head.config.dim, device)
+    log.info("training on %s in %s", device, "bf16 autocast" if bf16 else "fp32")
+    epochs, epoch, timed_from = args.epochs, done, 0.0
+    while epoch < epochs:
         head.train()
         bar = tqdm(
-            batches(shards, args.batch, epoch),
+            source.epoch(epoch),
             total=steps_per_epoch,
             desc=f"epoch {epoch + 1}",
             file=sys.stderr,
         )
         losses = []
         for step, (tokens, hidden) in enumerate(bar):
+            if epoch == done and step == TIMED_STEPS[0]:
+                timed_from = time.perf_counter()
+            if args.max_minutes and epoch == done and step == TIMED_STEPS[1]:
+                step_s = (time.perf_counter() - timed_from) / (TIMED_STEPS[1] - TIMED_STEPS[0])
+                epochs = epochs_that_fit(step_s, steps_per_epoch, args.max_minutes, done, epochs)
+                log.info("%.0f ms a step: %d epochs in all", 1000 * step_s, epochs)
             for group in optimizer.param_groups:  # warm up, then cosine to a tenth
-                t = (epoch * steps_per_epoch + step) / (args.epochs * steps_per_epoch)
+                t = (epoch * steps_per_epoch + step) / (epochs * steps_per_epoch)
                 group["lr"] = args.lr * min(1.0, t * 50) * (0.55 + 0.45 * math.cos(t * math.pi))
-            with torch.no_grad():
-                embeds = target.embed(tokens[:, 1:])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
-            optimizer.step()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            losses.append(train_step(head, optimizer, target, tokens, hidden, rows_out, args, bf16))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
         head.eval()
         head.save(folder, {"target": target.fingerprint})
         progress = {
@@ -325,13 +325,30 @@ def train(head: DraftHead, target: Target, shards: list[Path], args, folder: Pat
             "loss": [*progress.get("loss", []), sum(losses) / max(1, len(losses))],
         }
         state.write_text(json.dumps(progress))
+        epoch += 1
 
 
-def use_bf16(precision: str, dim: int) -> bool:
-    """Whether to train under bf16 autocast: asked for, or (``auto``) where this CPU multiplies
-    in bf16 faster than in fp32 (about twice as fast on the AVX-512 machine, which is what makes
-    more than a few epochs fit in a session there). The weights, the optimizer and the report
-    stay fp32."""
+def train_step(head, optimizer, target: Target, tokens, hidden, rows_out, args, bf16: bool) -> float:
+    """One optimizer step on a batch (tokens and the target's states over them); its loss."""
+    device = hidden.device
+    with torch.no_grad():
+        embeds = target.embed(tokens[:, 1:].cpu()).to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = chain_loss(head, hidden, embeds, rows_out, args.depth, args.noise, args.ce_weight)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+    optimizer.step()
+    return loss.item()
+
+
+def use_bf16(precision: str, dim: int, device: torch.device) -> bool:
+    """Whether to train under bf16 autocast: asked for, or (``auto``) on an accelerator, and
+    where this CPU multiplies in bf16 faster than in fp32 (about twice as fast on the AVX-512
+    machine, which is what makes more than a few epochs fit in a session there). The weights,
+    the optimizer and the report stay fp32."""
+    if precision == "auto" and device.type != "cpu":
+        return True
     if precision == "auto":
         from decoding.drafters.head import bf16_scores_faster
 
@@ -346,7 +363,7 @@ def agreement(head: DraftHead, target: Target, shards: list[Path], depth: int) -
     among chains whose earlier drafts all agreed and whose inputs are what drafting would feed."""
     rows_out = output_rows(target.model.forward, head.vocab)
     hits, seen = [0] * depth, [0] * depth
-    for tokens, hidden in batches(shards, 8, 0):
+    for tokens, hidden in shard_batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
         fed_ok = truth[:, :-1] == tokens[:, 2:]  # entry j's draft equals the next input token
         outputs = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), depth)
@@ -377,7 +394,7 @@ def fit_confidence_temperature(head: DraftHead, target: Target, shards: list[Pat
     of the time where it says 0.8-0.9, before this), so without it drafts stop early."""
     rows_out = output_rows(target.model.forward, head.vocab)
     loss = torch.zeros(len(TEMPERATURES))
-    for tokens, hidden in batches(shards, 8, 0):
+    for tokens, hidden in shard_batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
         g = chain_outputs(head, hidden, target.embed(tokens[:, 1:]), 1)[0]
         scores = (g @ rows_out.T).reshape(-1, len(rows_out))
@@ -389,7 +406,7 @@ def fit_confidence_temperature(head: DraftHead, target: Target, shards: list[Pat
     return TEMPERATURES[int(loss.argmin())]
 
 
-def starting_head(args: argparse.Namespace, target: Target, shards: list[Path], folder: Path) -> DraftHead:
+def starting_head(args: argparse.Namespace, target: Target, source: FeatureSource, folder: Path) -> DraftHead:
     """The run's own last checkpoint (resuming), else ``--init``'s weights, else a new head."""
     if (folder / "progress.json").exists():
         log.info("resuming %s", folder)
@@ -414,7 +431,9 @@ def starting_head(args: argparse.Namespace, target: Target, shards: list[Path], 
         True,
         target.fingerprint,
     )
-    vocab = frequent_tokens(shards, args.vocab, shape.vocab) if args.vocab else torch.arange(shape.vocab)
+    if not args.vocab:
+        return DraftHead(config, torch.arange(shape.vocab))
+    vocab = frequent_tokens(source.tokens(), args.vocab, shape.vocab)
     return DraftHead(config, vocab)
 
 
@@ -454,7 +473,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start a new run from a head's weights: a folder, or 'shipped' (the target's shipped head)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the head trains (cuda: on a GPU)")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="train only the epochs that fit in this time (timed on the first epoch's steps)",
+    )
+    parser.add_argument(
+        "--features",
+        choices=("auto", "cached", "batch"),
+        default="auto",
+        help="the target's states: cached on disk (auto on the CPU), or computed per batch (auto elsewhere)",
+    )
     return parser.parse_args(argv)
+
+
+def training_source(args: argparse.Namespace, target: Target, root: Path) -> FeatureSource:
+    """Where the training batches come from (``decoding/head_features.py``): shards cached on
+    disk for the CPU; on an accelerator (or with ``--features batch``) the states of each batch
+    computed as it is drawn. No shards where nothing is trained (``--epochs 0``)."""
+    on_cpu = torch.device(args.device).type == "cpu"
+    mode = args.features if args.features != "auto" else ("cached" if on_cpu else "batch")
+    if not args.epochs:
+        return CachedFeatures([], args.batch)
+    if mode == "cached":
+        if not on_cpu:
+            raise SystemExit("--features cached trains on the CPU: use --features batch on an accelerator")
+        shards = features(target, root, False, args.tokens, args.sequence, args.seed)
+        return CachedFeatures(shards, args.batch)
+    stream = sequences(target, corpus_files(root, holdout=False), args.sequence, args.tokens, args.seed)
+    bar = tqdm(stream, total=args.tokens // args.sequence, desc="tokens", unit="seq", file=sys.stderr)
+    ids = torch.tensor(list(bar), dtype=torch.long).reshape(-1, args.sequence)
+    return BatchFeatures.load(args.model, args.device, ids, args.batch)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,20 +516,21 @@ def main(argv: list[str] | None = None) -> int:
     root = args.corpus or stdlib_root()
     if args.epochs == 0 and not args.init:
         raise SystemExit("--epochs 0 calibrates a trained head: name it with --init")
-    # no training features where nothing is trained
-    train_shards = features(target, root, False, args.tokens, args.sequence, args.seed) if args.epochs else []
+    source = training_source(args, target, root)
     test_shards = features(target, root, True, args.held_out_tokens, args.sequence, args.seed)
     folder = args.out or work_folder(target) / "head"
-    head = starting_head(args, target, train_shards, folder)
+    head = starting_head(args, target, source, folder)
     started = time.perf_counter()
-    train(head, target, train_shards, args, folder)
+    train(head, target, source, args, folder)
+    head.cpu()  # the report reads the quantized forward's states, on the CPU
     temperature = fit_confidence_temperature(head, target, test_shards)
     head.config = replace(head.config, confidence_temperature=temperature)
     head.save(folder, {"target": target.fingerprint})
     rates = agreement(head, target, test_shards, args.depth)
     report = {
         "target": target.fingerprint,
-        "trained_tokens": args.tokens,
+        "trained_tokens": source.sequences() * args.sequence,
+        "epochs": json.loads((folder / "progress.json").read_text())["epochs"] if args.epochs else 0,
         "held_out_agreement": [round(r, 4) for r in rates],
         "expected_tokens_per_pass": round(expected_tokens_per_pass(rates), 3),
         "confidence_temperature": temperature,

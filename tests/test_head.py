@@ -480,6 +480,92 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
         main([*argv, "--epochs", "0"])
 
 
+def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_theirs(
+    tmp_path, monkeypatch, default_tokenizer_folder
+):
+    """``--features batch`` (a GPU's way) trains on the very sequences the CPU's shards cache, in
+    the same stream, and the dense model's states for them are the quantized forward's within
+    its rounding: a head trained on one reads the other."""
+    from decoding.head_features import BatchFeatures
+    from decoding.train_head import Target, main, parse_args, training_source
+    from tests.tiny_models import save_tiny_model
+
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
+    target = Target.load(str(model_dir), "int8")
+    corpus = write_corpus(tmp_path / "corpus", 40)
+    argv = ["--model", str(model_dir), "--corpus", str(corpus), "--tokens", "3072", "--sequence", "64"]
+    cached = training_source(parse_args([*argv, "--batch", "4"]), target, corpus)
+    batch = training_source(parse_args([*argv, "--batch", "4", "--features", "batch"]), target, corpus)
+    assert isinstance(batch, BatchFeatures) and batch.sequences() == cached.sequences() == 48
+    assert torch.equal(torch.cat(list(cached.tokens())).long(), batch.ids)
+    assert batch.steps() == cached.steps() == 12
+    by_tokens = {}
+    for tokens, hidden in cached.epoch(0):
+        by_tokens.update({tuple(t.tolist()): h for t, h in zip(tokens, hidden, strict=True)})
+    for tokens, hidden in batch.epoch(1):
+        for t, h in zip(tokens, hidden, strict=True):
+            want = by_tokens[tuple(t.tolist())]  # the shards hold fp16 states
+            assert torch.nn.functional.cosine_similarity(h, want, dim=-1).min() > 0.999
+
+    out = tmp_path / "head"
+    argv += ["--quantization", "int8", "--held-out-tokens", "256", "--vocab", "512", "--out", str(out)]
+    argv += ["--epochs", "3", "--batch", "4", "--depth", "2", "--lr", "3e-3", "--features", "batch"]
+    assert main(argv) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["loss"][-1] < progress["loss"][0]
+    report = json.loads((out / "report.json").read_text())
+    assert report["trained_tokens"] == 48 * 64 and len(report["held_out_agreement"]) == 2
+
+    # A lent GPU's few minutes: only the epochs that fit run, here the one under way.
+    short = tmp_path / "short"
+    argv = [*argv[: argv.index("--out")], "--out", str(short), *argv[argv.index("--out") + 2 :]]
+    assert main([*argv, "--batch", "1", "--max-minutes", "0.0001"]) == 0
+    assert json.loads((short / "progress.json").read_text())["epochs"] == 1
+    assert json.loads((short / "report.json").read_text())["epochs"] == 1
+
+
+def test_a_time_budget_keeps_the_epochs_that_fit():
+    from decoding.train_head import epochs_that_fit
+
+    # 100 steps of 0.1 s: 10 s an epoch, 6 in a minute
+    assert epochs_that_fit(0.1, 100, 1.0, done=0, planned=4) == 4
+    assert epochs_that_fit(0.1, 100, 1.0, done=0, planned=10) == 6
+    assert epochs_that_fit(0.1, 100, 1.0, done=2, planned=10) == 8  # resumed: 6 more
+    assert epochs_that_fit(0.1, 100, 0.05, done=3, planned=10) == 4  # the one under way, at least
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_train_head_on_cuda_trains_a_head_the_cpu_drafts_with(
+    tmp_path, monkeypatch, default_tokenizer_folder
+):
+    """``--device cuda``: per-batch states on the GPU, training there, the report and the saved
+    head on the CPU, where the server's drafter loads it."""
+    from decoding.models import load_model
+    from decoding.train_head import main
+    from tests.tiny_models import save_tiny_model
+
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
+    corpus = write_corpus(tmp_path / "corpus", 40)
+    out = tmp_path / "head"
+    argv = ["--model", str(model_dir), "--quantization", "int8", "--corpus", str(corpus), "--out", str(out)]
+    argv += ["--tokens", "3072", "--held-out-tokens", "256", "--sequence", "64", "--vocab", "512"]
+    argv += ["--epochs", "3", "--batch", "4", "--depth", "2", "--lr", "3e-3", "--device", "cuda"]
+    assert main(argv) == 0
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["loss"][-1] < progress["loss"][0]
+    target = load_model(str(model_dir), device="cpu", quantization="int8")
+    ids = target.tokenizer("def function_3(value_0):\n    value_1 = compute(", add_special_tokens=False)[
+        "input_ids"
+    ]
+    cache = target.forward.new_cache()
+    target.forward(ids[:-1], cache)
+    drafter = load_head_drafter(target, str(out))
+    drafter.attach(cache)
+    assert len(drafter.propose_exactly(ids, 4).tokens) == 4
+
+
 @pytest.mark.real_model
 def test_the_shipped_head_drafts_for_the_default_model_on_held_out_code(default_model):
     """For real: ``auto`` finds the head shipped for the embedded model; on stdlib files it was
