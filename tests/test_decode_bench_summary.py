@@ -3,6 +3,8 @@ model and minutes, so its figures are checked here on records whose answers are 
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.decode_bench import MethodRun, PromptRecord, summarize
 
 
@@ -38,3 +40,27 @@ def test_tokens_per_pass_after_the_prefill_is_summed_over_prompts_not_averaged()
     # (4 + 10) / (1 + 5), where the mean of the per-prompt ratios would be (4 + 2) / 2
     assert summary["auto"]["tokens_per_pass_after_prefill"] == 14 / 6
     assert summary["auto"]["tokens_per_pass_mean"] == (9 / 2 + 11 / 6) / 2
+
+
+@pytest.mark.real_model
+def test_heal_decodes_the_prompt_backed_up_as_the_server_does_and_every_method_matches_plain(default_model):
+    """``--heal``: each prompt is backed up to a token boundary, the removed text becomes what
+    every output must begin with, and the engine methods still write plain greedy's tokens."""
+    from benchmarks.decode_bench import Bench, Prompt
+
+    text = "import math\n\n\nclass Point:\n    def norm(self):\n        return math.hypot(self.x, self.va"
+    bench = Bench(default_model, None, max_new_tokens=8, peers=False, heal=True)
+    ids = bench.engine.encode(text)
+    prompt = Prompt("cold", "a.py", 6, 32, "mid_line", ids, "lue)")
+    healed = bench.healed(prompt)
+    removed = bench.config.required_prefix
+    assert removed and text.endswith(removed) and ids[: len(healed.token_ids)] == healed.token_ids
+    assert bench.engine.decode(healed.token_ids) + removed == text
+    record = bench.run_prompt(healed, 0, bench.run_plain(healed.token_ids))
+    plain, _ = bench.run_plain(healed.token_ids)
+    assert bench.engine.decode(plain.token_ids).startswith(removed)
+    assert all(run.matches_plain for run in record.runs.values())
+    assert {"plain", "ngram", "auto"} <= set(record.runs)
+
+    raw = Bench(default_model, None, max_new_tokens=8, peers=False)
+    assert raw.healed(prompt) is prompt and raw.config.required_prefix == ""
