@@ -11,11 +11,10 @@ A training step reads, for a batch of token sequences, the target's hidden state
   attention. On a GPU that forward should take milliseconds a batch (a 135M model; not yet
   timed there), less than reading a shard, and the whole standard library's training side (~7M
   tokens) would be ~8 GB of shards; computed per batch, a lent GPU's few minutes can train on
-  all of it, epoch after epoch. Its states are not
-  bit for bit the quantized forward's: on stdlib code they differ by ~0.8% (relative L2; the two
-  pick the same greedy token at 98% of positions), a tenth of the noise training adds to them
-  anyway (``--noise``). The held-out report still reads the quantized forward's cached states,
-  the ones the server's head will read.
+  all of it, epoch after epoch. Its states are not bit for bit the quantized forward's: on
+  stdlib code they differ by ~0.8% (relative L2; the two pick the same greedy token at 98% of
+  positions), a tenth of the noise training adds to them anyway (``--noise``). The held-out
+  report still reads the quantized forward's cached states, the ones the server's head will read.
 """
 
 from __future__ import annotations
