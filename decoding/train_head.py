@@ -282,10 +282,11 @@ def epochs_that_fit(step_s: float, steps_per_epoch: int, minutes: float, done: i
     return max(done + 1, min(planned, done + fit))
 
 
-def train(head: DraftHead, target: Target, source: FeatureSource, args, folder: Path) -> None:
-    """``args.epochs`` epochs over ``source``'s batches on its device, a checkpoint after each.
-    With ``--max-minutes`` (a lent GPU's few minutes), only the epochs that fit, at the speed of
-    the first epoch's steps; the learning rate decays over the epochs that run."""
+def train(head: DraftHead, target: Target, source: FeatureSource, args, folder: Path) -> int:
+    """``args.epochs`` epochs over ``source``'s batches on its device, a checkpoint after each;
+    the epochs the head has had in all. With ``--max-minutes`` (a lent GPU's few minutes), only
+    the epochs that fit, at the speed of the first epoch's steps; the learning rate decays over
+    the epochs that run."""
     state = folder / "progress.json"
     progress = json.loads(state.read_text()) if state.exists() else {"epochs": 0, "loss": []}
     done = progress["epochs"]
@@ -326,6 +327,7 @@ def train(head: DraftHead, target: Target, source: FeatureSource, args, folder: 
         }
         state.write_text(json.dumps(progress))
         epoch += 1
+    return epoch
 
 
 def train_step(head, optimizer, target: Target, tokens, hidden, rows_out, args, bf16: bool) -> float:
@@ -347,12 +349,10 @@ def use_bf16(precision: str, dim: int, device: torch.device) -> bool:
     where this CPU multiplies in bf16 faster than in fp32 (about twice as fast on the AVX-512
     machine, which is what makes more than a few epochs fit in a session there). The weights,
     the optimizer and the report stay fp32."""
-    if precision == "auto" and device.type != "cpu":
-        return True
     if precision == "auto":
         from decoding.drafters.head import bf16_scores_faster
 
-        return bf16_scores_faster(8192, dim)
+        return device.type != "cpu" or bf16_scores_faster(8192, dim)
     return precision == "bf16"
 
 
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.out or work_folder(target) / "head"
     head = starting_head(args, target, source, folder)
     started = time.perf_counter()
-    train(head, target, source, args, folder)
+    epochs = train(head, target, source, args, folder) if args.epochs else 0
     head.cpu()  # the report reads the quantized forward's states, on the CPU
     temperature = fit_confidence_temperature(head, target, test_shards)
     head.config = replace(head.config, confidence_temperature=temperature)
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "target": target.fingerprint,
         "trained_tokens": source.sequences() * args.sequence,
-        "epochs": json.loads((folder / "progress.json").read_text())["epochs"] if args.epochs else 0,
+        "epochs": epochs,
         "held_out_agreement": [round(r, 4) for r in rates],
         "expected_tokens_per_pass": round(expected_tokens_per_pass(rates), 3),
         "confidence_temperature": temperature,

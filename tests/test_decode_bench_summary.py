@@ -56,9 +56,9 @@ def test_heal_decodes_the_prompt_backed_up_as_the_server_does_and_every_method_m
     removed = bench.config.required_prefix
     assert removed and text.endswith(removed) and ids[: len(healed.token_ids)] == healed.token_ids
     assert bench.engine.decode(healed.token_ids) + removed == text
-    record = bench.run_prompt(healed, 0, bench.run_plain(healed.token_ids))
-    plain, _ = bench.run_plain(healed.token_ids)
-    assert bench.engine.decode(plain.token_ids).startswith(removed)
+    plain_timed = bench.run_plain(healed.token_ids)
+    assert bench.engine.decode(plain_timed[0].token_ids).startswith(removed)
+    record = bench.run_prompt(healed, 0, plain_timed)
     assert all(run.matches_plain for run in record.runs.values())
     assert {"plain", "ngram", "auto"} <= set(record.runs)
 
