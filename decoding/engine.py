@@ -16,12 +16,13 @@ cache for the next keystroke.
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -89,7 +90,15 @@ def _covered(text: str, prefix: str) -> int:
 
 class Healing:
     """Token healing as a constraint the loop consults: while the required text is owed, only
-    tokens that continue it may be chosen (and nothing is drafted).
+    tokens that continue it may be chosen.
+
+    Under greedy decoding drafts still run while text is owed (the keystroke replay asks with a
+    healed word at most keystrokes, and a draft riding on the prefill was lost to every one of
+    them): a draft is cut before its first token the constraint would refuse (greedy acceptance
+    rejects it anyway), and each row of the verify pass is masked for the constraint as it stands
+    after the draft tokens before that row, so what is accepted is what one masked step at a
+    time would choose. A sampled draft keeps off owed text: cutting it where its tokens are
+    refused would change the distribution the target's tokens are drawn from.
 
     ``deviated`` is the last generated index where the constraint overrode the target's unmasked
     greedy choice: tokens up to there are not the target's own chain and must never be served as
@@ -110,24 +119,52 @@ class Healing:
     def failed(self) -> bool:
         return self.constraint.failed
 
-    def constrain(self, logits: torch.Tensor) -> torch.Tensor:
-        """Row 0 (the only row while active) keeps only allowed tokens; the rest become -inf.
-        Nothing allowed: the constraint is marked failed."""
-        if not self.constraint.active:
-            return logits
-        index = self._masks.get(self.constraint.key)
-        if index is None or index.device != logits.device:
-            allowed = self.constraint.allowed()
+    def allowed_draft(self, draft: Draft) -> Draft:
+        """``draft`` (greedy) cut before its first token the constraint refuses, or after which
+        it would allow nothing (healing fails there, which only row 0 of a pass reports)."""
+        probe = copy.copy(self.constraint)
+        for i, token in enumerate(draft.tokens):
+            if not probe.active:
+                return draft
+            allowed = probe.allowed()
+            j = bisect.bisect_left(allowed, token)
+            probe.advance(token)
+            if j == len(allowed) or allowed[j] != token or (probe.active and not probe.allowed()):
+                return replace(draft, tokens=draft.tokens[:i], probs=None)
+        return draft
+
+    def constrain(self, logits: torch.Tensor, draft: Sequence[int] = ()) -> tuple[torch.Tensor, list[int]]:
+        """``logits`` (a row per draft token and one more) with each row masked while the text is
+        owed after the draft tokens before it, and those rows' unmasked argmax (the rows after the
+        text is paid are left alone). Nothing allowed at row 0: marked failed, left unmasked."""
+        probe = copy.copy(self.constraint)
+        masked, unmasked = logits.clone(), []
+        for row in range(logits.shape[0]):
+            if not probe.active:
+                break
+            index = self._allowed(probe, logits.device)
+            if index is None:
+                if row == 0:
+                    self.constraint.failed = True
+                break
+            unmasked.append(int(logits[row].argmax()))
+            masked[row] = float("-inf")
+            masked[row, index] = logits[row, index]
+            if row < len(draft):
+                probe.advance(draft[row])
+        return masked, unmasked
+
+    def _allowed(self, probe: PrefixConstraint, device: torch.device) -> torch.Tensor | None:
+        index = self._masks.get(probe.key)
+        if index is None or index.device != device:
+            allowed = probe.allowed()
             if not allowed:
-                self.constraint.failed = True
-                return logits
-            index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+                return None
+            index = torch.tensor(allowed, dtype=torch.long, device=device)
             if len(self._masks) > 64:
                 self._masks.clear()
-            self._masks[self.constraint.key] = index
-        masked = torch.full_like(logits[:1], float("-inf"))
-        masked[0, index] = logits[0, index]
-        return torch.cat([masked, logits[1:]]) if logits.shape[0] > 1 else masked
+            self._masks[probe.key] = index
+        return index
 
     def chose(self, position: int, token: int, unmasked: int | None) -> None:
         """``token`` was generated at ``position`` where the unmasked greedy choice was ``unmasked``."""
@@ -226,6 +263,7 @@ class SpeculativeEngine:
         stats: GenerationStats,
         continuation: bool = True,
         draft_for: Callable[[Any], Draft] | None = None,
+        asked: bool = False,
     ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
         """The cache holding ``prompt`` (and a draft after it), and the logits from the prompt's
         last token on: one row, plus one per draft token.
@@ -239,7 +277,9 @@ class SpeculativeEngine:
         store = self.prefix_cache if cache_key is not None else None
         continuation = continuation and config.sampling.greedy and config.reuse_continuation
         borrowed = (
-            store.take(cache_key, prompt, continuation=continuation) if store is not None else Borrowed(None)
+            store.take(cache_key, prompt, continuation=continuation, asked=asked)
+            if store is not None
+            else Borrowed(None)
         )
         stats.reused_tokens = borrowed.reused
         if borrowed.known:
@@ -277,8 +317,33 @@ class SpeculativeEngine:
             or peek.tokens[: len(prompt)] != prompt
         ):
             return True  # no known continuation will be offered
+        return self._allowed_while_owed(peek.tokens[len(prompt) :], required)
+
+    def _asked_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
+        """Whether the tokens the last request at this very prompt was answered with (healed,
+        so not on the greedy chain) are what healing ``required`` would choose now. That is the
+        user typing on inside the healed word (asked ``self.x`` healed to ``self.``, then ``x``
+        healed to ``self.x``): where ``required`` extends the text that request owed, each set of
+        tokens it allows is within the set that request's choice was the best of, so where that
+        choice is allowed it is the best of this set too. In the keystroke replay a third of all
+        target passes went to decoding such prompts again."""
+        if not required or cache_key is None or self.prefix_cache is None:
+            return False
+        peek = self.prefix_cache.chain(cache_key)
+        if peek is None or peek.asked is None or peek.greedy_from is None:
+            return False
+        asked = peek.asked
+        return (
+            asked.prompt_tokens == len(prompt) < len(peek.tokens)
+            and required.startswith(asked.owed)
+            and peek.tokens[: len(prompt)] == prompt
+            and self._allowed_while_owed(peek.tokens[len(prompt) :], required)
+        )
+
+    def _allowed_while_owed(self, tokens: Sequence[int], required: str) -> bool:
+        """Whether each of ``tokens`` spent while ``required`` is owed is an allowed one."""
         probe = PrefixConstraint(self.healing_index, required)
-        for token in peek.tokens[len(prompt) :]:
+        for token in tokens:
             if not probe.active:
                 break
             allowed = probe.allowed()
@@ -395,14 +460,15 @@ class SpeculativeEngine:
         started = time.perf_counter()
         config = run.config
         continuation = self._known_fits(cache_key, run.prompt, config.required_prefix)
+        asked = continuation and self._asked_fits(cache_key, run.prompt, config.required_prefix)
         if run.drafter is not None:
             run.drafter.begin(run.prompt, run.sampling, run.generator, session=cache_key)
-        # The prefill carries a draft unless healing owes text first (its mask is for one row).
+        # The prefill carries a draft (not a sampled one while healing owes text: ``Healing``).
         draft_for = None
-        if run.drafter is not None and run.healing is None and config.max_new_tokens > 1:
+        if run.drafter is not None and self._may_draft(run) and config.max_new_tokens > 1:
             draft_for = functools.partial(self._propose, run, run.prompt, config.max_new_tokens)
         borrowed, logits, draft = self._prefill(
-            run.prompt, cache_key, config, run.cancel, run.stats, continuation, draft_for
+            run.prompt, cache_key, config, run.cancel, run.stats, continuation, draft_for, asked
         )
         run.cache = borrowed.cache
         run.stats.prefill_ms = (time.perf_counter() - started) * 1000
@@ -414,33 +480,22 @@ class SpeculativeEngine:
         if logits is None:
             return None
         run.stats.target_passes = 1
-        if draft.tokens:
-            verdict = self._accept(run, draft, logits)
-            if verdict.accepted < len(draft):
-                run.cache.crop(verdict.accepted - len(draft))
-            run.generated = list(verdict.tokens)
-            run.stats.prefill_tokens = len(run.generated)
-            return borrowed
-        row = logits[-1:]
-        token = self._choose(run, (row if run.healing is None else run.healing.constrain(row))[0])
-        run.generated = [token]
-        run.stats.prefill_tokens = 1
-        if run.healing is not None:
-            run.healing.chose(0, token, int(row[0].argmax()) if run.sampling.greedy else None)
-            run.healing.advance([token])
+        verdict = self._verify(run, draft, logits)
+        if verdict.accepted < len(draft):
+            run.cache.crop(verdict.accepted - len(draft))
+        run.generated = list(verdict.tokens)
+        run.stats.prefill_tokens = len(run.generated)
         return borrowed
 
     def _speculative_step(self, run: Run) -> None:
         """Draft -> one target pass over the newest token and the draft -> accept -> crop."""
         remaining = run.config.max_new_tokens - len(run.generated)
-        healing = run.healing is not None and run.healing.active  # no drafts while text is owed
         draft = Draft()
-        if run.drafter is not None and remaining > 1 and not healing:
+        if run.drafter is not None and remaining > 1 and self._may_draft(run):
             draft = self._propose(run, run.prompt + run.generated, remaining, run.cache)
         pass_started = time.perf_counter()
         logits = self._forward([run.generated[-1]] + draft.tokens, run.cache)
-        unmasked = int(logits[0].argmax()) if healing and run.sampling.greedy else None
-        verdict = self._accept(run, draft, run.healing.constrain(logits) if healing else logits)
+        verdict = self._verify(run, draft, logits)
         pass_ms = (time.perf_counter() - pass_started) * 1000
         self.cost.record(len(draft) + 1, pass_ms)
         run.stats.verify_ms += pass_ms
@@ -448,20 +503,39 @@ class SpeculativeEngine:
         rejected = len(draft) - verdict.accepted
         if rejected:
             run.cache.crop(-rejected)
-        if run.healing is not None:
-            run.healing.chose(len(run.generated), verdict.tokens[0], unmasked)
-            run.healing.advance(verdict.tokens)
         run.generated.extend(verdict.tokens)
 
+    @staticmethod
+    def _may_draft(run: Run) -> bool:
+        """Whether a draft may be verified now: not a sampled one while healing owes text."""
+        return run.sampling.greedy or run.healing is None or not run.healing.active
+
+    def _verify(self, run: Run, draft: Draft, logits: torch.Tensor) -> Acceptance:
+        """Accept ``draft`` against ``logits`` (a row per draft token and one more), each row masked
+        while healing owes text; records where the mask overrode the target's own choice."""
+        healing = run.healing if run.healing is not None and run.healing.active else None
+        if healing is None:
+            return self._accept(run, draft, logits)
+        masked, unmasked = healing.constrain(logits, draft.tokens)
+        verdict = self._accept(run, draft, masked)
+        greedy = run.sampling.greedy
+        for j, token in enumerate(verdict.tokens[: len(unmasked)]):
+            healing.chose(len(run.generated) + j, token, unmasked[j] if greedy else None)
+        healing.advance(verdict.tokens)
+        return verdict
+
     def _propose(self, run: Run, tokens: list[int], remaining: int, cache: Any) -> Draft:
-        """The drafter's proposal after ``tokens``; a drafter that reads the target's state (a
-        draft head) is shown the cache first, which holds every token but the newest."""
+        """The drafter's proposal after ``tokens``, cut where healing would refuse it; a drafter
+        that reads the target's state (a draft head) is shown the cache first, which holds every
+        token but the newest."""
         assert run.drafter is not None
         started = time.perf_counter()
         attach = getattr(run.drafter, "attach", None)
         if attach is not None:
             attach(cache)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
+        if run.healing is not None and run.healing.active:
+            draft = run.healing.allowed_draft(draft)
         run.stats.draft_ms += (time.perf_counter() - started) * 1000
         return draft
 

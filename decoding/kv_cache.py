@@ -75,7 +75,8 @@ class PrefixCacheStats:
 @dataclass(frozen=True)
 class Asked:
     """The latest request's prompt on a key: the suggestion shown is what the chain holds past
-    ``prompt_tokens``, after the ``owed`` text (token healing's, which the output began with)."""
+    ``prompt_tokens``, after the ``owed`` text (token healing's, which the output began with).
+    Those tokens were chosen with ``owed`` required (``engine``'s ``_asked_fits`` relies on it)."""
 
     prompt_tokens: int
     owed: str = ""
@@ -128,12 +129,16 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_bytes > 0
 
-    def take(self, key: str, prompt: Sequence[int], *, continuation: bool = False) -> Borrowed:
+    def take(
+        self, key: str, prompt: Sequence[int], *, continuation: bool = False, asked: bool = False
+    ) -> Borrowed:
         """Borrow ``key``'s cache for ``prompt``; the entry leaves the store until ``put``.
 
         With ``continuation`` (greedy decoding), a prompt that is a strict prefix of the entry's
         tokens and reaches into its greedy chain gets the rest of the chain as ``known``, and the
         cache as it is (holding every known token but the last, as the engine's loop expects).
+        With ``asked`` too, so does the very prompt of the entry's last request, whose next tokens
+        token healing chose (the caller has checked that they are what it would choose now).
         Otherwise the cache is cropped to the longest common prefix with ``prompt``, always short
         of the prompt's last token, which must be fed to get the next-token logits.
         """
@@ -149,8 +154,12 @@ class PrefixCache:
             return Borrowed(None, ticket=ticket)
         common = common_prefix_length(entry.tokens, prompt)
         held = cache_length(entry.cache)
+        last = entry.asked
+        at_asked = continuation and asked and last is not None and last.prompt_tokens == len(prompt)
         on_chain = (
-            common == len(prompt) and entry.greedy_from is not None and len(prompt) >= entry.greedy_from
+            common == len(prompt)
+            and entry.greedy_from is not None
+            and (len(prompt) >= entry.greedy_from or at_asked)
         )
         if continuation and on_chain and len(prompt) < len(entry.tokens) and held == len(entry.tokens) - 1:
             self._count_reuse(len(prompt))

@@ -215,7 +215,10 @@ def test_the_first_draft_is_verified_inside_the_prefill_pass(targets, wrong):
     assert result.stats.drafters["scripted"].proposed >= 6
 
 
-def test_no_draft_rides_on_the_prefill_while_healing_owes_text(targets):
+def test_a_greedy_draft_rides_on_the_prefill_while_healing_owes_text(targets):
+    """Greedy: the draft is verified in the prefill pass, each row masked for the text still owed
+    (``Healing``); sampled: no draft until the text is written (cutting a sampled draft where the
+    constraint refuses it would change what is drawn)."""
     target = targets[2]
     engine = SpeculativeEngine(loaded(target))
     prompt = [random.Random(22).randrange(TINY_VOCAB) for _ in range(20)]
@@ -224,8 +227,12 @@ def test_no_draft_rides_on_the_prefill_while_healing_owes_text(targets):
     drafter = RejectAt(truth + [0] * 8, len(prompt), None, length=4)
     fed = record_fed_lengths(engine)
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=6, required_prefix=required), drafter)
-    assert fed[0] == len(prompt)  # healing masks one row: the prefill carries no draft
+    assert fed[0] == len(prompt) + 4
     assert result.token_ids == truth
+    fed.clear()
+    sampled = GenerationConfig(max_new_tokens=6, required_prefix=required, temperature=0.8, seed=1)
+    engine.generate(prompt, sampled, drafter)
+    assert fed[0] == len(prompt)
 
 
 def test_a_weak_ngram_match_rides_on_the_prefill_but_does_not_buy_a_decode_pass(targets):

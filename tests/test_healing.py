@@ -272,7 +272,30 @@ def test_healed_greedy_equals_masked_plain_greedy(tiny_targets, drafter_name):
         assert drafted > 0  # speculation resumed once the required text was produced
 
 
-def test_stops_apply_only_after_the_required_text(tiny_targets):
+def test_drafts_are_verified_while_text_is_owed_and_stay_exact(tiny_targets):
+    """A greedy draft rides on the prefill and on later passes while the required text is still
+    owed: each row is masked as one masked step at a time would be, so the output is masked
+    greedy's, and a draft that spells the owed text is kept (here the target drafts for itself,
+    and the owed text is what its own next tokens write, sometimes with a wrong character)."""
+    from tests.reference import plain_greedy
+
+    index = HealingIndex(token_bytes_table(TOK, VOCAB))
+    rng = random.Random(11)
+    rode = 0
+    for case in range(45):
+        target = tiny_targets[case % len(tiny_targets)]
+        engine = SpeculativeEngine(loaded(target, TOK))
+        drafter = make_drafter("model", draft_model=loaded(target, TOK), cost=engine.cost, max_draft=4)
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 10))]
+        own = plain_greedy(target, prompt, 6)
+        required = TOK.decode(own[: rng.randint(1, 3)])
+        if rng.random() < 0.3:
+            required = required[:-1] + rng.choice("ab (")
+        want = masked_greedy(target, index, prompt, required, 8)
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=8, required_prefix=required), drafter)
+        assert result.token_ids == want, f"case {case}"
+        rode += result.stats.prefill_tokens > 1
+    assert rode > 10
     target = tiny_targets[1]
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
     prompt = ids("a", "b", "c", "\n    ", "x")
@@ -383,3 +406,43 @@ def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
         again = engine.generate(chain[:cut], GenerationConfig(max_new_tokens=10), cache_key="doc")
         assert again.token_ids == plain_greedy(target, chain[:cut], 10), f"case {case}"
     assert used_known > 0
+
+
+def test_typing_on_inside_a_healed_word_answers_from_the_last_answer_exactly(tiny_targets):
+    """The same prompt asked again with more of the word typed (healing owes a longer text) is
+    answered from what was decoded for the shorter text, with no pass, wherever that is what
+    healing the longer text decodes; and always exactly that, after a deletion too."""
+    from decoding.kv_cache import PrefixCache
+    from tests.reference import plain_greedy
+
+    index = HealingIndex(token_bytes_table(TOK, VOCAB))
+    rng = random.Random(7)
+    served = 0
+    for case in range(60):
+        target = tiny_targets[case % len(tiny_targets)]
+        engine = SpeculativeEngine(loaded(target, TOK), prefix_cache=PrefixCache(1 << 26))
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 12))]
+        owed = rng.choice(REQUIRED)
+        config = GenerationConfig(max_new_tokens=10, required_prefix=owed)
+        first = engine.generate(prompt, config, cache_key="doc")
+        assert first.token_ids == masked_greedy(target, index, prompt, owed, 10), f"case {case}"
+        written = TOK.decode(first.token_ids)
+        for _ in range(3):  # the user types on (what was suggested, or not), or deletes
+            move = rng.random()
+            if move < 0.2 and len(owed) > 1:
+                owed = owed[:-1]
+            else:
+                typed = written[len(owed) : len(owed) + 1] if move < 0.8 else rng.choice("ab (\n")
+                if not typed:
+                    break
+                owed += typed
+            config = GenerationConfig(max_new_tokens=10, required_prefix=owed)
+            again = engine.generate(prompt, config, cache_key="doc")
+            assert again.token_ids == masked_greedy(target, index, prompt, owed, 10), f"case {case}"
+            if again.stats.target_passes == 0:
+                served += 1
+                assert again.stats.known_tokens > 0
+        # Nothing healing forced is replayed as the model's own greedy choice.
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=10), cache_key="doc")
+        assert plain.token_ids == plain_greedy(target, prompt, 10), f"case {case}"
+    assert served > 10
