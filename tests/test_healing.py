@@ -292,7 +292,8 @@ def test_drafts_are_verified_while_text_is_owed_and_stay_exact(tiny_targets):
         if rng.random() < 0.3:
             required = required[:-1] + rng.choice("ab (")
         want = masked_greedy(target, index, prompt, required, 8)
-        result = engine.generate(prompt, GenerationConfig(max_new_tokens=8, required_prefix=required), drafter)
+        config = GenerationConfig(max_new_tokens=8, required_prefix=required)
+        result = engine.generate(prompt, config, drafter)
         assert result.token_ids == want, f"case {case}"
         rode += result.stats.prefill_tokens > 1
     assert rode > 10
