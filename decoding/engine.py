@@ -322,11 +322,11 @@ class SpeculativeEngine:
     def _asked_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
         """Whether the tokens the last request at this very prompt was answered with (healed,
         so not on the greedy chain) are what healing ``required`` would choose now. That is the
-        user typing on inside the healed word (asked ``self.x`` healed to ``self.``, then ``x``
-        healed to ``self.x``): where ``required`` extends the text that request owed, each set of
-        tokens it allows is within the set that request's choice was the best of, so where that
-        choice is allowed it is the best of this set too. In the keystroke replay a third of all
-        target passes went to decoding such prompts again."""
+        user typing on inside the healed word (at ``self.le`` the prompt ends at ``self`` and owes
+        ``.le``; at ``self.lev`` it is the same prompt owing ``.lev``): where ``required`` extends
+        the text that request owed, each set of tokens it allows is within the set that request's
+        choice was the best of, so where that choice is allowed it is the best of this set too.
+        In the keystroke replay a third of all target passes went to decoding such prompts again."""
         if not required or cache_key is None or self.prefix_cache is None:
             return False
         peek = self.prefix_cache.chain(cache_key)
