@@ -154,6 +154,31 @@ async def test_typing_the_suggestion_is_answered_without_a_target_pass_and_as_th
     assert after["known_tokens"] > before["known_tokens"]
 
 
+async def test_typing_on_inside_a_healed_word_is_answered_without_a_target_pass(servers):
+    """Mid-word each keystroke asks with the same prompt (healing backs it up to the word's start)
+    and a longer text the suggestion must begin with. Here the model would write ``write`` after
+    ``handle.``, so healing ``f`` overrides its choice and nothing it wrote is on its greedy
+    chain; typing the suggestion's next letters is still answered from that answer, as a fresh
+    decode would answer it."""
+    reusing, _ = servers
+    text = CODE.removesuffix("write") + "f"
+    doc = Doc(servers, "file:///work/mid_word.py", text)
+    end = len(doc.text)
+    first, want = await doc.ask(end)
+    assert first == want and first, first
+    before = await h.stats(reusing)
+    shown = first
+    for typed in range(1, 3):
+        ch = shown[0]
+        doc.edit(end + typed - 1, end + typed - 1, ch)
+        got, fresh = await doc.ask(end + typed)
+        assert got == fresh and got, f"after typing {ch!r}: {got!r} vs a fresh decode's {fresh!r}"
+        shown = got
+    after = await h.stats(reusing)
+    assert after["reuse"]["from_chain"] - before["reuse"]["from_chain"] == 2, (before, after)
+    assert after["known_tokens"] > before["known_tokens"]
+
+
 async def test_a_repeated_request_is_answered_from_memory(servers):
     reusing, _ = servers
     doc = Doc(servers, "file:///work/repeat.py", CODE)
