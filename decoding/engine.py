@@ -133,6 +133,14 @@ class Healing:
                 return replace(draft, tokens=draft.tokens[:i], probs=None)
         return draft
 
+    def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
+        """What the constraint allows after ``tokens`` (allowed ones): the text still owed (a key
+        for caches) and the sorted token ids; None once the text is written."""
+        probe = copy.copy(self.constraint)
+        for token in tokens:
+            probe.advance(token)
+        return (probe.key, probe.allowed()) if probe.active else None
+
     def constrain(self, logits: torch.Tensor, draft: Sequence[int] = ()) -> tuple[torch.Tensor, list[int]]:
         """``logits`` (a row per draft token and one more) with each row masked while the text is
         owed after the draft tokens before it, and those rows' unmasked argmax (the rows after the
@@ -533,9 +541,13 @@ class SpeculativeEngine:
         attach = getattr(run.drafter, "attach", None)
         if attach is not None:
             attach(cache)
+        healing = run.healing if run.healing is not None and run.healing.active else None
+        steer = getattr(run.drafter, "steer", None)  # a draft head drafts what healing allows
+        if steer is not None:
+            steer(healing.allowed_after if healing is not None else None)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
-        if run.healing is not None and run.healing.active:
-            draft = run.healing.allowed_draft(draft)
+        if healing is not None:
+            draft = healing.allowed_draft(draft)
         run.stats.draft_ms += (time.perf_counter() - started) * 1000
         return draft
 

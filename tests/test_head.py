@@ -25,13 +25,14 @@ from decoding.head import (
     output_rows,
     target_fingerprint,
 )
+from decoding.kv_cache import PrefixCache
 from decoding.llama import from_transformers
 from decoding.train_head import TEMPERATURES, chain_loss, chain_outputs, held_out
 from decoding.verify import SamplingParams
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
 from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.test_quant import lean_loaded, plain_greedy_pass
-from tests.tiny_models import TINY_VOCAB, tiny_model
+from tests.tiny_models import TINY_VOCAB, TinyTokenizer, tiny_model
 
 # The head scores these tokens of the tiny vocabulary (the rest can never be drafted): 48 rows,
 # whole 16s, so that with ``bits`` they are scored on the 4-bit kernel as the shipped head's are.
@@ -327,6 +328,52 @@ def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, 
     unsure = auto.propose(tokens, 4)
     assert unsure.source == "ngram" and unsure.tokens == first[6 : 6 + len(unsure.tokens)]
     assert unsure.tokens
+
+
+def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, heads):
+    """Steered by token healing (the engine passes ``Healing.allowed_after``), the head's greedy
+    draft chooses among the allowed tokens while text is owed, and freely after it."""
+    forward, head = targets[0], heads[0]
+    drafter = head_drafter(forward, head, max_draft=4)
+    drafter.confident = False
+    tokens = own_sequences(forward, 1, 20, seed=3)[0]
+    cache = forward.new_cache()
+    forward(tokens[:-1], cache)
+    drafter.attach(cache)
+    free = drafter.propose_exactly(tokens, 3).tokens
+    assert len(free) == 3
+    allowed = tuple(t for t in range(20, 44) if t != free[0])
+    drafter.steer(lambda drafted: (b"owed", allowed) if not drafted else None)
+    steered = drafter.propose_exactly(tokens, 3).tokens
+    assert steered[0] in allowed and len(steered) == 3
+    drafter.steer(lambda drafted: (b"outside", (0, 1, 2)))  # none the head scores (HEAD_VOCAB)
+    assert drafter.propose_exactly(tokens, 3).tokens == []
+    drafter.steer(None)
+    assert drafter.propose_exactly(tokens, 3).tokens == free
+
+
+def test_healed_greedy_with_the_head_equals_masked_greedy_and_its_drafts_ride(targets, heads):
+    """A healed prompt whose required character is not what the target would write: the steered
+    head drafts that character and what follows, on the prefill, and the output stays exact."""
+    tok = TinyTokenizer()
+    rode = 0
+    for i in range(40):
+        rng, prompt, _ = make_case(i)
+        target, head = targets[i % 2], heads[i % 2]
+        forced = rng.choice([t for t in range(TINY_VOCAB) if t != tok.newline_id])
+        want = [forced] + plain_greedy_pass(target, prompt + [forced], 7)
+        if len(prompt) < 3:
+            continue
+        engine = SpeculativeEngine(lean_loaded(target), prefix_cache=PrefixCache(1 << 24))
+        drafter = head_drafter(target, head, 4, 4)
+        drafter.confident = False
+        # The keystroke before fed all but the last token: the head can draft at once.
+        engine.generate(prompt[:-1], GenerationConfig(max_new_tokens=1), cache_key="doc")
+        config = GenerationConfig(max_new_tokens=8, required_prefix=tok.piece(forced))
+        result = engine.generate(prompt, config, drafter, cache_key="doc")
+        assert result.token_ids == want, f"case {i}"
+        rode += result.stats.prefill_tokens > 1
+    assert rode > 10
 
 
 def test_the_head_waits_for_the_targets_states():

@@ -61,6 +61,11 @@ class AutoDrafter:
         if self.head is not None:
             self.head.attach(target_cache)
 
+    def steer(self, allowed_after) -> None:
+        """What token healing allows (``HeadDrafter.steer``), for the head's drafts."""
+        if self.head is not None:
+            self.head.steer(allowed_after)
+
     def _drafters(self) -> list:
         return [d for d in (self.ngram, self.model, self.head) if d is not None]
 

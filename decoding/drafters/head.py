@@ -65,6 +65,9 @@ from decoding.verify import SamplingParams, sample, sampling_probs
 log = logging.getLogger(__name__)
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
+# Token healing's constraint after the tokens drafted so far: (the text still owed, the sorted
+# token ids it allows), or None once the text is written (``engine.Healing.allowed_after``).
+AllowedAfter = Callable[[Sequence[int]], "tuple[bytes, tuple[int, ...]] | None"]
 
 
 HEAD_BITS = 4
@@ -105,6 +108,8 @@ class HeadDrafter:
             quantize_linears(self.head, bits)
         self._score = self._scorer(output_rows)
         self._vocab_on_cpu = self.head.vocab.cpu()  # where a sampled draft's q is made
+        self._steer: AllowedAfter | None = None
+        self._allowed_rows: dict[bytes, torch.Tensor] = {}  # by the text healing still owes
         self.folder = ""  # where the head was loaded from, for logs and stats
         self.vocab_size, self.eos = vocab_size, eos
         self.max_draft = max_draft
@@ -158,6 +163,34 @@ class HeadDrafter:
 
     def forget(self, session: str) -> None:
         """Nothing per session: entries are recomputed from the target's cache when tokens differ."""
+
+    def steer(self, allowed_after: AllowedAfter | None) -> None:
+        """While token healing owes text (a cursor mid-word), greedy drafts choose among what it
+        allows, as the target's masked pass will: the head's best guess at which word the typed
+        letters begin, where its unconstrained guess (often another word) would be refused at
+        once. None: unconstrained."""
+        self._steer = allowed_after
+
+    def _rows_allowed(self, drafted: Sequence[int]) -> torch.Tensor | None:
+        """Indices into the head's scores of the tokens healing allows after ``drafted``; None
+        when nothing is owed (every token may be drafted)."""
+        owed = self._steer(drafted) if self._steer is not None else None
+        if owed is None:
+            return None
+        key, allowed = owed
+        rows = self._allowed_rows.get(key)
+        if rows is None:
+            ids = torch.tensor(allowed, dtype=torch.long)
+            vocab = self._vocab_on_cpu
+            if len(vocab):  # the head scores only these: where each allowed id sits among them
+                ordered, order = vocab.sort()
+                at = torch.searchsorted(ordered, ids).clamp(max=len(ordered) - 1)
+                ids = order[at[ordered[at] == ids]]
+            rows = ids.to(self.device)
+            if len(self._allowed_rows) > 64:
+                self._allowed_rows.clear()
+            self._allowed_rows[key] = rows
+        return rows
 
     @property
     def step_ms(self) -> float | None:
@@ -236,12 +269,17 @@ class HeadDrafter:
         rows = output_rows.to(self.dtype)
         return lambda g: (rows @ g.to(rows.dtype)).float()
 
-    def _choose(self, g: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
+    def _choose(
+        self, g: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> tuple[int, float, torch.Tensor | None]:
         """The draft token after g, the head's probability for it, and (sampling) the
-        full-vocabulary distribution it was drawn from: greedy over the head's tokens, or
-        sampled from the distribution they make (every other token -inf)."""
+        full-vocabulary distribution it was drawn from: greedy over the head's tokens (those of
+        them healing ``allowed``, greedy only), or sampled from the distribution they make
+        (every other token -inf)."""
         scores = self._score(g)
         vocab = self.head.vocab
+        if allowed is not None:
+            scores = torch.full_like(scores, float("-inf")).index_copy_(0, allowed, scores[allowed])
         if self._sampling.greedy:
             best = int(scores.argmax())
             tempered = (scores - scores[best]) / self.head.config.confidence_temperature
@@ -272,8 +310,12 @@ class HeadDrafter:
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
         chance = 1.0  # that every token drafted so far is kept
+        steered = self._steer is not None and self._sampling.greedy
         for i in range(k):
-            token, confidence, q = self._choose(g)
+            allowed = self._rows_allowed(drafted) if steered else None
+            if allowed is not None and not len(allowed):
+                break  # healing allows none of the head's tokens
+            token, confidence, q = self._choose(g, allowed)
             chance *= confidence
             if confident and not self._worth(i, chance):
                 break
