@@ -334,7 +334,9 @@ class SpeculativeEngine:
         ``.le``; at ``self.lev`` it is the same prompt owing ``.lev``): where ``required`` extends
         the text that request owed, each set of tokens it allows is within the set that request's
         choice was the best of, so where that choice is allowed it is the best of this set too.
-        In the keystroke replay a third of all target passes went to decoding such prompts again."""
+        In the keystroke replay a third of all target passes went to decoding such prompts again.
+        Asked only where ``_known_fits`` held: it has checked these very tokens against
+        ``required`` (the same peek, past the same prompt)."""
         if not required or cache_key is None or self.prefix_cache is None:
             return False
         peek = self.prefix_cache.chain(cache_key)
@@ -345,7 +347,6 @@ class SpeculativeEngine:
             asked.prompt_tokens == len(prompt) < len(peek.tokens)
             and required.startswith(asked.owed)
             and peek.tokens[: len(prompt)] == prompt
-            and self._allowed_while_owed(peek.tokens[len(prompt) :], required)
         )
 
     def _allowed_while_owed(self, tokens: Sequence[int], required: str) -> bool:

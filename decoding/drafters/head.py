@@ -110,6 +110,7 @@ class HeadDrafter:
         self._vocab_on_cpu = self.head.vocab.cpu()  # where a sampled draft's q is made
         self._steer: AllowedAfter | None = None
         self._allowed_rows: dict[bytes, torch.Tensor] = {}  # by the text healing still owes
+        self._vocab_sorted = self._vocab_on_cpu.sort()  # to find allowed ids among the scored
         self.folder = ""  # where the head was loaded from, for logs and stats
         self.vocab_size, self.eos = vocab_size, eos
         self.max_draft = max_draft
@@ -181,9 +182,8 @@ class HeadDrafter:
         rows = self._allowed_rows.get(key)
         if rows is None:
             ids = torch.tensor(allowed, dtype=torch.long)
-            vocab = self._vocab_on_cpu
-            if len(vocab):  # the head scores only these: where each allowed id sits among them
-                ordered, order = vocab.sort()
+            ordered, order = self._vocab_sorted
+            if len(ordered):  # the head scores only these: where each allowed id sits among them
                 at = torch.searchsorted(ordered, ids).clamp(max=len(ordered) - 1)
                 ids = order[at[ordered[at] == ids]]
             rows = ids.to(self.device)
