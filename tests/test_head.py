@@ -330,6 +330,35 @@ def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, 
     assert unsure.tokens
 
 
+def test_while_healing_owes_text_auto_weighs_an_ngram_match_only_as_far_as_the_text_allows(targets, heads):
+    """An n-gram match whose first token healing refuses would be cut to nothing by the engine:
+    ``auto`` must then draft from the head (steered) instead of choosing that match. A match the
+    text allows is still chosen, whole once the text is written."""
+    target, head = targets[0], heads[0]
+    first = own_sequences(target, 1, 14, seed=7)[0]
+    tokens = first + first[:6]  # the tail repeats the start: an n-gram match to draft from
+    cache = target.new_cache()
+    target(tokens[:-1], cache)
+    auto = make_drafter("auto", draft_head=head_drafter(target, head, bits=4), cost=CostModel())
+    auto.attach(cache)
+    auto.ngram.stats = AcceptanceStats(priors={b: 0.99 for b in (1, 2, 4, 8)})  # the match wins
+    auto.head.stats = AcceptanceStats(priors={0: 0.8})
+    auto.head.confident = False
+    assert auto.propose(tokens, 4).source == "ngram"
+    refused = tuple(t for t in range(20, 44) if t != first[6])
+    auto.steer(lambda drafted: (b"refuses the match", refused) if not drafted else None)
+    steered = auto.propose(tokens, 4)
+    assert steered.source == "head" and steered.tokens and steered.tokens[0] in refused
+    auto.steer(lambda drafted: (b"allows the match", (first[6],)) if not drafted else None)
+    kept = auto.propose(tokens, 4)
+    assert kept.source == "ngram" and kept.tokens == first[6:10]
+    not_next = tuple(t for t in range(20, 44) if t != first[7])
+    owed = {0: (b"allows the match", (first[6],)), 1: (b"refuses its second", not_next)}
+    auto.steer(lambda drafted: owed.get(len(drafted)))
+    cut = auto.propose(tokens, 4)  # the match goes one token along the text, then is cut
+    assert cut.tokens[:1] == [first[6]] and cut.tokens[1:2] != [first[7]]
+
+
 def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, heads):
     """Steered by token healing (the engine passes ``Healing.allowed_after``), the head's greedy
     draft chooses among the allowed tokens while text is owed, and freely after it."""
@@ -352,9 +381,11 @@ def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, h
     assert drafter.propose_exactly(tokens, 3).tokens == free
 
 
-def test_healed_greedy_with_the_head_equals_masked_greedy_and_its_drafts_ride(targets, heads):
+@pytest.mark.parametrize("drafter_name", ["head", "auto"])
+def test_healed_greedy_with_the_head_equals_masked_greedy_and_its_drafts_ride(targets, heads, drafter_name):
     """A healed prompt whose required character is not what the target would write: the steered
-    head drafts that character and what follows, on the prefill, and the output stays exact."""
+    head drafts that character and what follows, on the prefill, and the output stays exact;
+    ``auto`` too, where the prompt's repeats give the n-gram source matches healing refuses."""
     tok = TinyTokenizer()
     rode = 0
     for i in range(40):
@@ -367,6 +398,8 @@ def test_healed_greedy_with_the_head_equals_masked_greedy_and_its_drafts_ride(ta
         engine = SpeculativeEngine(lean_loaded(target), prefix_cache=PrefixCache(1 << 24))
         drafter = head_drafter(target, head, 4, 4)
         drafter.confident = False
+        if drafter_name == "auto":
+            drafter = make_drafter("auto", draft_head=drafter, cost=CostModel())
         # The keystroke before fed all but the last token: the head can draft at once.
         engine.generate(prompt[:-1], GenerationConfig(max_new_tokens=1), cache_key="doc")
         config = GenerationConfig(max_new_tokens=8, required_prefix=tok.piece(forced))

@@ -8,19 +8,25 @@ rejected draft costs more than the plain step it replaces. Buckets that are swit
 probed now and then, so a source whose quality improves is noticed again. The head, once
 chosen, drafts only as far as its own confidence pays (``HeadDrafter._worth``); where that is not
 even one token, the n-gram match it was weighed against is drafted instead of nothing.
+
+While token healing still owes typed text (greedy only), an n-gram match is weighed only as far
+as the text allows it: the engine would cut it there anyway (``Healing.allowed_draft``), and a
+match cut to nothing must not win over the head, which drafts among what the text allows.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from decoding.drafters.base import Draft
-from decoding.drafters.head import HeadDrafter
+from decoding.drafters.head import AllowedAfter, HeadDrafter
 from decoding.drafters.length import CostModel, best_draft_length
 from decoding.drafters.model import ModelDrafter
-from decoding.drafters.ngram import NgramDrafter
+from decoding.drafters.ngram import Match, NgramDrafter
 from decoding.verify import SamplingParams
 
 
@@ -42,6 +48,7 @@ class AutoDrafter:
             if drafter is not None:
                 drafter.cost = self.cost
         self._skipped: dict[str, int] = {}
+        self._allowed_after: AllowedAfter | None = None
 
     def begin(
         self,
@@ -61,10 +68,26 @@ class AutoDrafter:
         if self.head is not None:
             self.head.attach(target_cache)
 
-    def steer(self, allowed_after) -> None:
-        """What token healing allows (``HeadDrafter.steer``), for the head's drafts."""
+    def steer(self, allowed_after: AllowedAfter | None) -> None:
+        """What token healing allows (``HeadDrafter.steer``): the head drafts among it, and an
+        n-gram match counts only as far as it goes along it."""
+        self._allowed_after = allowed_after
         if self.head is not None:
             self.head.steer(allowed_after)
+
+    def _allowed_match(self, match: Match | None) -> Match | None:
+        """``match`` cut before its first token healing refuses; None where that leaves nothing."""
+        if match is None or self._allowed_after is None:
+            return match
+        for i, token in enumerate(match.tokens):
+            owed = self._allowed_after(match.tokens[:i])
+            if owed is None:  # the text is written: the rest is free
+                return match
+            allowed = owed[1]
+            at = bisect.bisect_left(allowed, token)
+            if at == len(allowed) or allowed[at] != token:
+                return dataclasses.replace(match, tokens=match.tokens[:i]) if i else None
+        return match
 
     def _drafters(self) -> list:
         return [d for d in (self.ngram, self.model, self.head) if d is not None]
@@ -79,7 +102,7 @@ class AutoDrafter:
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         limit = min(max_len, self.ngram.max_draft)
         candidates: list[tuple[float, str, int]] = []
-        match = self.ngram.lookup(tokens, limit)
+        match = self._allowed_match(self.ngram.lookup(tokens, limit))
         if match is not None:
             stats = self.ngram.stats_for(match.source)
             k, gain = best_draft_length(stats.alpha(match.length), len(match.tokens), self.cost)
