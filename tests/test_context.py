@@ -5,8 +5,10 @@ These use the real SmolLM2 tokenizer (no model weights), so token counts are the
 
 from __future__ import annotations
 
+import itertools
 import random
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,78 @@ def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
             assert shared >= len(previous) - 12  # only the cursor's line (and the healed token) moves
         previous = ids
     assert builder.parses.full_parses == 1  # the cursor line is blanked for parsing: one tree for all
+
+
+GET_VALUES = "    def _get_values(self, action, arg_strings):\n"
+
+
+def typed_prompts(tokens, text: str, start: int, typed: str, *, keep_rows: bool = True) -> list:
+    """``typed`` typed back at ``start`` of ``text`` (Enter brings the next line's indentation, as
+    an editor's auto-indent does): (document, offset, prompt) after each keystroke."""
+    builder = ContextBuilder()
+    head, tail = text[:start], text[start + len(typed) :]
+    out, i = [], 0
+    while i < len(typed):
+        j = i + 1
+        while typed[i] == "\n" and j < len(typed) and typed[j] == " ":
+            j += 1
+        i = j
+        document = head + typed[:i] + tail
+        if not keep_rows:
+            builder.shown.clear()  # every prompt's rows chosen afresh
+        prompt = builder.build(ContextRequest(document, start + i, 512, uri="file:///argparse.py"), tokens)
+        out.append((document, start + i, prompt))
+    return out
+
+
+def prefills(prompts: list) -> int:
+    """How many keystrokes changed the prompt before its last line (a prefill of all after it)."""
+    count = 0
+    for (_, _, before), (_, _, after) in itertools.pairwise(prompts):
+        pairs = enumerate(zip(before.ids, after.ids, strict=False))
+        shared = next((i for i, (a, b) in pairs if a != b), min(len(before.ids), len(after.ids)))
+        count += shared < len(before.ids) - 16
+    return count
+
+
+def test_typing_down_a_function_keeps_the_rows_shown_above(tokens):
+    """Rows chosen afresh for each new line drop a distant unit for the line just typed, and the
+    prompt then differs from near its start: a prefill of the whole prompt at a line's start.
+    Kept, they change only where typing outgrew the budget. Every prompt still shows only the
+    document's own rows, in order, with the enclosing header, within the budget."""
+    text = (STDLIB / "argparse.py").read_text()
+    start = text.index(GET_VALUES) + len(GET_VALUES)
+    start += len(text[start:]) - len(text[start:].lstrip(" "))
+    typed = text[start : text.index("\n\n", start + 1200)]
+    kept = typed_prompts(tokens, text, start, typed)
+    fresh = typed_prompts(tokens, text, start, typed, keep_rows=False)
+    assert prefills(fresh) >= 4
+    assert prefills(kept) <= prefills(fresh) // 2
+    for document, offset, prompt in kept:
+        assert len(prompt.ids) <= 512 and tokens.decode(list(prompt.ids)) == prompt.text
+        line_start = document.rfind("\n", 0, offset) + 1
+        whole = prompt.text + prompt.healed
+        assert whole.endswith(document[line_start:offset])
+        shown = whole[: len(whole) - (offset - line_start)]
+        above = iter(document[:line_start].splitlines(keepends=True))
+        assert all(row in above for row in shown.splitlines(keepends=True))  # in order, unchanged
+        assert GET_VALUES in shown
+
+
+def test_an_edit_to_a_shown_row_reaches_the_next_prompt(tokens):
+    text = (STDLIB / "argparse.py").read_text()
+    start = text.index(GET_VALUES) + len(GET_VALUES)
+    start += len(text[start:]) - len(text[start:].lstrip(" "))
+    typed = text[start : text.index("\n", text.index("\n", start) + 1)]  # two lines
+    builder = ContextBuilder()
+    request = ContextRequest(
+        text[:start] + typed + text[start + len(typed) :], start + len(typed), 512, uri="u"
+    )
+    assert GET_VALUES in builder.build(request, tokens).text
+    renamed = request.text.replace(GET_VALUES, GET_VALUES.replace("arg_strings", "strings"))
+    edited = replace(request, text=renamed, offset=request.offset - len("arg_"))
+    prompt = builder.build(edited, tokens).text
+    assert GET_VALUES not in prompt and GET_VALUES.replace("arg_strings", "strings") in prompt
 
 
 # -- token healing in the prompt ---------------------------------------------------------------------------

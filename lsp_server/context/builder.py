@@ -16,6 +16,14 @@ cursor's line in steps of ``RESERVE_STEP`` tokens, and the snippets are chosen b
 it. So consecutive keystrokes on one line give prompts that share all their tokens but the last
 few, which is what KV-cache reuse needs.
 
+Across lines the rows are kept too (``Shown``): rows chosen afresh for each new line would often
+drop a distant unit to make room for the line just typed, and the prompt would then differ from
+its first rows on, a prefill of the whole prompt (~0.5-1 s on a laptop CPU) at the moment the
+user pauses at a line's start. So while typing goes on below the rows the last prompt showed and
+leaves them as they were, the next prompt shows the same rows plus those typed since; only when
+that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than the budget, which
+leaves room for the next few lines.
+
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
 ``SUFFIX_SHARE`` of the budget.
 
@@ -49,6 +57,8 @@ SNIPPET_SHARE = 0.2
 MIN_SNIPPET_LINES = 4
 SUFFIX_SHARE = 0.25
 QUERY_LINES = 20
+STICKY_SLACK = 0.2  # of the rows' budget: left free when rows are chosen again while typing goes on
+STICKY_ROWS = 8  # the most rows the cursor may move down and still keep the rows shown above it
 _WORD_END = re.compile(r"\w\Z")
 
 
@@ -69,6 +79,18 @@ class ContextRequest:
     # The engine takes the suffix as text (a remote engine's own FIM: OpenAI ``suffix``, llama.cpp
     # ``/infill``): ``Prompt.suffix`` is filled without a template, within the same share.
     engine_suffix: bool = False
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The rows a document's last prompt showed above its cursor (document rows), and their text
+    then: the next prompt keeps them while they are unchanged and the cursor has moved at most
+    ``STICKY_ROWS`` down."""
+
+    rows: frozenset[int]
+    text: str
+    cursor_row: int
+    snippets: str  # the snippet text the prompt began with: another one changes the start anyway
 
 
 @dataclass(frozen=True)
@@ -160,11 +182,14 @@ class ContextBuilder:
     def __init__(self) -> None:
         self.parses = ParseCache()
         self.snippets = SnippetIndex()
+        self.shown: dict[str, Shown] = {}  # by document
 
     def forget(self, uri: str) -> None:
-        """``uri`` was closed: its parse tree and snippet windows are dropped (worker thread)."""
+        """``uri`` was closed: its parse tree, snippet windows and shown rows are dropped (worker
+        thread)."""
         self.parses.forget(uri)
         self.snippets.forget(uri)
+        self.shown.pop(uri, None)
 
     def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
         """The prompt for ``request``: at most ``budget_tokens`` ids, exactly the encoding of its
@@ -189,15 +214,17 @@ class ContextBuilder:
         chosen, snippet_text = self._snippets(request, lines, row, spec, tokens, budget)
         rows_budget = room - reserve - tokens.count(snippet_text)
 
-        prefix, ids, first_row = "", [], row
-        for _ in range(4):
-            rows = select_rows(outline, lines, tokens.count, max(rows_budget, 0))
-            first_row = min(rows, default=row)
-            prefix = clean(snippet_text + render(rows, lines, first_row, row) + cursor_text)
-            ids = tokens.encode(prefix)
-            if len(ids) <= room:
-                break
-            rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
+        head = snippet_text, cursor_text
+        kept = self._kept_rows(request.uri, window, lines, row, snippet_text)
+        rows, prefix, ids = set(), "", []
+        if kept is not None:
+            rows, prefix, ids = kept, *self._render(kept, lines, row, head, tokens)
+            if len(ids) > room:  # typing outgrew the kept rows: choose again, with room to grow
+                rows_budget -= int(rows_budget * STICKY_SLACK)
+        if kept is None or len(ids) > room:
+            rows, prefix, ids = self._choose_rows(outline, lines, row, head, tokens, rows_budget, room)
+        first_row = min(rows, default=row)
+        self._remember(request.uri, window, lines, row, rows, snippet_text, fits=len(ids) <= room)
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
             prefix, ids = fit_exact(prefix, tokens, max(room, 0))
 
@@ -227,6 +254,68 @@ class ContextBuilder:
         )
 
     # -- pieces ---------------------------------------------------------------------------------
+    @staticmethod
+    def _render(
+        rows: set[int], lines: list[str], row: int, head: tuple[str, str], tokens: Tokens
+    ) -> tuple[str, list[int]]:
+        """The prompt's text before the cursor with ``rows`` shown, and its ids."""
+        snippet_text, cursor_text = head
+        prefix = clean(snippet_text + render(rows, lines, min(rows, default=row), row) + cursor_text)
+        return prefix, tokens.encode(prefix)
+
+    def _choose_rows(
+        self,
+        outline: Outline,
+        lines: list[str],
+        row: int,
+        head: tuple[str, str],
+        tokens: Tokens,
+        rows_budget: int,
+        room: int,
+    ) -> tuple[set[int], str, list[int]]:
+        """Rows chosen afresh (``budget.select_rows``) for ``rows_budget``, asking for less where
+        the pieces merged into more tokens than ``room``."""
+        rows: set[int] = set()
+        prefix, ids = "", []
+        for _ in range(4):
+            rows = select_rows(outline, lines, tokens.count, max(rows_budget, 0))
+            prefix, ids = self._render(rows, lines, row, head, tokens)
+            if len(ids) <= room:
+                break
+            rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
+        return rows, prefix, ids
+
+    def _kept_rows(
+        self, uri: str, window: Window, lines: list[str], row: int, snippet_text: str
+    ) -> set[int] | None:
+        """The rows the document's last prompt showed and the rows typed below them since (window
+        rows), where that prompt's rows are unchanged and the cursor moved at most
+        ``STICKY_ROWS`` down; else None."""
+        shown = self.shown.get(uri) if uri else None
+        if shown is None or shown.snippets != snippet_text:
+            return None
+        cursor_row = window.first_row + row
+        if not window.first_row <= shown.cursor_row <= cursor_row <= shown.cursor_row + STICKY_ROWS:
+            return None
+        kept = {r - window.first_row for r in shown.rows}
+        if any(r < 0 for r in kept) or "".join(lines[r] for r in sorted(kept)) != shown.text:
+            return None
+        return kept | set(range(shown.cursor_row - window.first_row, row))
+
+    def _remember(
+        self, uri: str, window: Window, lines: list[str], row: int, rows: set[int], snippets: str, fits: bool
+    ) -> None:
+        if not uri or not fits:
+            self.shown.pop(uri, None)
+            return
+        above = sorted(r for r in rows if r < row)
+        self.shown[uri] = Shown(
+            rows=frozenset(window.first_row + r for r in above),
+            text="".join(lines[r] for r in above),
+            cursor_row=window.first_row + row,
+            snippets=snippets,
+        )
+
     def _outline(
         self, uri: str, text: str, offset: int, spec: LanguageSpec, budget: int
     ) -> tuple[Window, Outline, list[str], int, str]:
