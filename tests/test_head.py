@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.drafters import load_head_drafter, make_drafter
+from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
 from decoding.drafters.head import HeadDrafter
 from decoding.drafters.length import AcceptanceStats, CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
@@ -309,16 +309,23 @@ def test_the_confidence_temperature_weighs_drafts_but_never_changes_them(targets
     assert chosen[0.5][1] > chosen[1.0][1]
 
 
-def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, heads):
-    """``auto`` picks the head by its record, but the head drafts nothing where it is unsure even
-    of its first token: then the n-gram match it was weighed against is drafted, not nothing."""
-    target, head = targets[0], heads[0]
+def auto_over_a_repeat(target, head) -> tuple[list[int], list[int], AutoDrafter, object]:
+    """``auto`` with the head, after a sequence whose tail repeats its start (an n-gram match to
+    draft from): the sequence's start, the sequence, the drafter, and the target's cache it is
+    attached to (held weakly by the drafter: the caller keeps it)."""
     first = own_sequences(target, 1, 14, seed=7)[0]
-    tokens = first + first[:6]  # the tail repeats the start: an n-gram match to draft from
+    tokens = first + first[:6]
     cache = target.new_cache()
     target(tokens[:-1], cache)
     auto = make_drafter("auto", draft_head=head_drafter(target, head, bits=4), cost=CostModel())
     auto.attach(cache)
+    return first, tokens, auto, cache
+
+
+def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, heads):
+    """``auto`` picks the head by its record, but the head drafts nothing where it is unsure even
+    of its first token: then the n-gram match it was weighed against is drafted, not nothing."""
+    first, tokens, auto, _cache = auto_over_a_repeat(targets[0], heads[0])
     auto.head.stats = AcceptanceStats(priors={0: 0.99})  # its record says it is nearly always right
     auto.ngram.stats = AcceptanceStats(priors={b: 0.3 for b in (1, 2, 4, 8)})
     auto.head.confident = False  # drafting its full length (the tiny head is rarely sure)
@@ -334,13 +341,7 @@ def test_while_healing_owes_text_auto_weighs_an_ngram_match_only_as_far_as_the_t
     """An n-gram match whose first token healing refuses would be cut to nothing by the engine:
     ``auto`` must then draft from the head (steered) instead of choosing that match. A match the
     text allows is still chosen, whole once the text is written."""
-    target, head = targets[0], heads[0]
-    first = own_sequences(target, 1, 14, seed=7)[0]
-    tokens = first + first[:6]  # the tail repeats the start: an n-gram match to draft from
-    cache = target.new_cache()
-    target(tokens[:-1], cache)
-    auto = make_drafter("auto", draft_head=head_drafter(target, head, bits=4), cost=CostModel())
-    auto.attach(cache)
+    first, tokens, auto, _cache = auto_over_a_repeat(targets[0], heads[0])
     auto.ngram.stats = AcceptanceStats(priors={b: 0.99 for b in (1, 2, 4, 8)})  # the match wins
     auto.head.stats = AcceptanceStats(priors={0: 0.8})
     auto.head.confident = False

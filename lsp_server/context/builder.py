@@ -215,16 +215,10 @@ class ContextBuilder:
         rows_budget = room - reserve - tokens.count(snippet_text)
 
         head = snippet_text, cursor_text
-        kept = self._kept_rows(request.uri, window, lines, row, snippet_text)
-        rows, prefix, ids = set(), "", []
-        if kept is not None:
-            rows, prefix, ids = kept, *self._render(kept, lines, row, head, tokens)
-            if len(ids) > room:  # typing outgrew the kept rows: choose again, with room to grow
-                rows_budget -= int(rows_budget * STICKY_SLACK)
-        if kept is None or len(ids) > room:
-            rows, prefix, ids = self._choose_rows(outline, lines, row, head, tokens, rows_budget, room)
+        rows, prefix, ids = self._rows(
+            request.uri, window, outline, lines, row, head, tokens, rows_budget, room
+        )
         first_row = min(rows, default=row)
-        self._remember(request.uri, window, lines, row, rows, snippet_text, fits=len(ids) <= room)
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
             prefix, ids = fit_exact(prefix, tokens, max(room, 0))
 
@@ -262,6 +256,31 @@ class ContextBuilder:
         snippet_text, cursor_text = head
         prefix = clean(snippet_text + render(rows, lines, min(rows, default=row), row) + cursor_text)
         return prefix, tokens.encode(prefix)
+
+    def _rows(
+        self,
+        uri: str,
+        window: Window,
+        outline: Outline,
+        lines: list[str],
+        row: int,
+        head: tuple[str, str],
+        tokens: Tokens,
+        rows_budget: int,
+        room: int,
+    ) -> tuple[set[int], str, list[int]]:
+        """The rows shown above the cursor, and the prompt's text before it and its ids: the rows
+        the document's last prompt showed where they still fit (``Shown``), else chosen afresh."""
+        kept = self._kept_rows(uri, window, lines, row, head[0])
+        if kept is not None:
+            prefix, ids = self._render(kept, lines, row, head, tokens)
+            if len(ids) <= room:
+                self._remember(uri, window, lines, row, kept, head[0], fits=True)
+                return kept, prefix, ids
+            rows_budget -= int(rows_budget * STICKY_SLACK)  # typing outgrew them: room to grow
+        rows, prefix, ids = self._choose_rows(outline, lines, row, head, tokens, rows_budget, room)
+        self._remember(uri, window, lines, row, rows, head[0], fits=len(ids) <= room)
+        return rows, prefix, ids
 
     def _choose_rows(
         self,
