@@ -199,20 +199,23 @@ def test_typing_down_a_function_keeps_the_rows_shown_above(tokens):
         assert GET_VALUES in shown
 
 
-def test_an_edit_to_a_shown_row_reaches_the_next_prompt(tokens):
+def test_rows_are_kept_only_while_they_are_unchanged(tokens):
+    """An edit above the cursor (a shown row renamed, a line inserted at the top that moves every
+    row down) gives the prompt a fresh builder gives: the kept rows are dropped, not shown again
+    at their old row numbers."""
     text = (STDLIB / "argparse.py").read_text()
     start = text.index(GET_VALUES) + len(GET_VALUES)
-    start += len(text[start:]) - len(text[start:].lstrip(" "))
-    typed = text[start : text.index("\n", text.index("\n", start) + 1)]  # two lines
-    builder = ContextBuilder()
-    request = ContextRequest(
-        text[:start] + typed + text[start + len(typed) :], start + len(typed), 512, uri="u"
-    )
-    assert GET_VALUES in builder.build(request, tokens).text
-    renamed = request.text.replace(GET_VALUES, GET_VALUES.replace("arg_strings", "strings"))
-    edited = replace(request, text=renamed, offset=request.offset - len("arg_"))
-    prompt = builder.build(edited, tokens).text
-    assert GET_VALUES not in prompt and GET_VALUES.replace("arg_strings", "strings") in prompt
+    cursor = text.index("\n", text.index("\n", start) + 1)  # two lines into the body
+    request = ContextRequest(text, cursor, 512, uri="file:///argparse.py")
+    renamed = text.replace(GET_VALUES, GET_VALUES.replace("arg_strings", "strings"))
+    edits = [
+        replace(request, text=renamed, offset=cursor - len("arg_")),
+        replace(request, text="import os\n" + text, offset=cursor + len("import os\n")),
+    ]
+    for edited in edits:
+        builder = ContextBuilder()
+        assert GET_VALUES in builder.build(request, tokens).text
+        assert builder.build(edited, tokens) == ContextBuilder().build(edited, tokens)
 
 
 # -- token healing in the prompt ---------------------------------------------------------------------------

@@ -270,7 +270,9 @@ class ContextBuilder:
         room: int,
     ) -> tuple[set[int], str, list[int]]:
         """The rows shown above the cursor, and the prompt's text before it and its ids: the rows
-        the document's last prompt showed where they still fit (``Shown``), else chosen afresh."""
+        the document's last prompt showed where they still fit (``Shown``), else rows chosen
+        afresh (``budget.select_rows``), asking for less where the pieces merged into more
+        tokens than ``room``."""
         kept = self._kept_rows(uri, window, lines, row, head[0])
         if kept is not None:
             prefix, ids = self._render(kept, lines, row, head, tokens)
@@ -278,22 +280,6 @@ class ContextBuilder:
                 self._remember(uri, window, lines, row, kept, head[0], fits=True)
                 return kept, prefix, ids
             rows_budget -= int(rows_budget * STICKY_SLACK)  # typing outgrew them: room to grow
-        rows, prefix, ids = self._choose_rows(outline, lines, row, head, tokens, rows_budget, room)
-        self._remember(uri, window, lines, row, rows, head[0], fits=len(ids) <= room)
-        return rows, prefix, ids
-
-    def _choose_rows(
-        self,
-        outline: Outline,
-        lines: list[str],
-        row: int,
-        head: tuple[str, str],
-        tokens: Tokens,
-        rows_budget: int,
-        room: int,
-    ) -> tuple[set[int], str, list[int]]:
-        """Rows chosen afresh (``budget.select_rows``) for ``rows_budget``, asking for less where
-        the pieces merged into more tokens than ``room``."""
         rows: set[int] = set()
         prefix, ids = "", []
         for _ in range(4):
@@ -302,6 +288,7 @@ class ContextBuilder:
             if len(ids) <= room:
                 break
             rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
+        self._remember(uri, window, lines, row, rows, head[0], fits=len(ids) <= room)
         return rows, prefix, ids
 
     def _kept_rows(
