@@ -764,7 +764,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         choices=QUANTIZATIONS,
         help="the target's weights (default auto: the GGUF's own blocks on the lean forward; "
-        "none: dequantized fp32, the only format transformers' peers can run)",
+        "none: dequantized fp32, on the lean forward's dense layers)",
+    )
+    parser.add_argument(
+        "--transformers-forward",
+        action="store_true",
+        help="run the target on transformers' own forward (what transformers' peers need; with "
+        "--quantization none)",
     )
     parser.add_argument(
         "--draft-head",
@@ -801,7 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
 
     started = time.perf_counter()
-    target = load_model(args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
+    target = load_model(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        transformers_forward=args.transformers_forward,
+    )
     in_transformers = target.model is not None  # the peers need it
     draft = None
     if not args.no_draft_model and (in_transformers or target.device.type != "cpu"):

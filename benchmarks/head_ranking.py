@@ -1,16 +1,18 @@
 """How often the output layer's candidates hold the fp32 layer's greedy token, on real code.
 
 ``QuantizedHead`` (``decoding/quant/layers.py``) ranks the vocabulary with a 4-bit copy of the
-output layer and recomputes only the ``CANDIDATES`` best in fp32 from the file's exact values:
-its greedy token is the fp32 layer's wherever that token is among the candidates. This runs the
-default model over held-out standard-library files (``decoding.train_head``'s split) and counts,
-per position, whether the fp32 layer's greedy token is among the candidates of each ranking:
+output layer and recomputes only the ``CANDIDATES`` best in fp32 from the file's exact values;
+under ``greedy_only`` it also recomputes any token whose error bound could beat them, so its
+greedy token is always the fp32 layer's. This runs the default model over held-out
+standard-library files (``decoding.train_head``'s split) and counts, per position, whether the
+fp32 layer's greedy token is among the candidates of each ranking:
 
-- ``leading term`` (greedy generations): a Q8_0 layer's leading 4-bit term, the group means of
-  the rest folded in;
-- ``both terms`` (sampling, and greedy before 2026-11-24): the whole 4-bit product, twice the
-  bytes per step;
+- ``leading term``: a Q8_0 layer's leading 4-bit term alone, the group means of the rest folded
+  in (what greedy generations ranked by until its approximations were found to decide healed
+  choices; its error bound is too loose to certify anything);
+- ``both terms``: the whole 4-bit product, what the layer ranks by;
 
+how many tokens per position the bound sent to exact recomputation (``repaired_per_position``),
 and times one row's ranking product for each, and the whole layer in either mode. ::
 
     python -m benchmarks.head_ranking            # 32k held-out tokens, ~2 min on 2 cores
@@ -76,7 +78,7 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
     rankings = {"leading term": head.approx.leading, "both terms": head.approx}
     held = {name: 0 for name in rankings}
     worst = {name: 0 for name in rankings}  # the lowest rank the fp32 greedy token had (0: first)
-    greedy_same = positions = 0
+    greedy_same = positions = repaired = 0
     files = corpus_files(stdlib_root(), holdout=True)
     with torch.inference_mode():
         for chunk in sequences(target, files, length, tokens, seed=0):
@@ -88,7 +90,9 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
                 held[name] += int((rank < QuantizedHead.CANDIDATES).sum())
                 worst[name] = max(worst[name], int(rank.max()))
             head.greedy_only = True
+            repaired -= head.repaired
             greedy_same += int((head(hidden).argmax(-1) == want).sum())
+            repaired += head.repaired
             head.greedy_only = False
             positions += len(chunk)
     return {
@@ -97,6 +101,7 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
         "held_share": {name: round(n / positions, 5) for name, n in held.items()},
         "worst_rank": worst,
         "greedy_only_is_fp32_share": round(greedy_same / positions, 5),
+        "repaired_per_position": round(repaired / positions, 5),
         "ranking_ms_per_row": {name: time_row(layer, head.in_features) for name, layer in rankings.items()},
         "layer_ms_per_row": {
             "greedy_only": time_row(greedy_head(head, True), head.in_features),

@@ -124,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
             check_draft_compatible(target, draft)
         engine = SpeculativeEngine(target)
         head = load_head_drafter(target, args.draft_head, cost=engine.cost)
-        drafter = make_drafter(args.drafter, draft_model=draft, draft_head=head, cost=engine.cost)
+        drafter = make_drafter(
+            args.drafter,
+            draft_model=draft,
+            draft_head=head,
+            cost=engine.cost,
+            target_vocab=target.vocab_size,
+        )
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

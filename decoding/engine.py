@@ -141,25 +141,37 @@ class Healing:
             probe.advance(token)
         return (probe.key, probe.allowed()) if probe.active else None
 
-    def constrain(self, logits: torch.Tensor, draft: Sequence[int] = ()) -> tuple[torch.Tensor, list[int]]:
-        """``logits`` (a row per draft token and one more) with each row masked while the text is
-        owed after the draft tokens before it, and those rows' unmasked argmax (the rows after the
-        text is paid are left alone). Nothing allowed at row 0: marked failed, left unmasked."""
+    def masks(self, draft: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+        """For the rows of a pass over the newest token and ``draft`` (a row per draft token and
+        one more): the ids allowed at each row while the text is owed after the draft tokens
+        before it. The list ends at the first row where the text is paid or nothing is allowed
+        (an empty list while the text is owed: nothing can continue it)."""
         probe = copy.copy(self.constraint)
-        masked, unmasked = logits.clone(), []
-        for row in range(logits.shape[0]):
+        out: list[torch.Tensor] = []
+        for row in range(len(draft) + 1):
             if not probe.active:
                 break
-            index = self._allowed(probe, logits.device)
+            index = self._allowed(probe, device)
             if index is None:
-                if row == 0:
-                    self.constraint.failed = True
                 break
+            out.append(index)
+            if row < len(draft):
+                probe.advance(draft[row])
+        return out
+
+    def constrain(
+        self, logits: torch.Tensor, masks: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """``logits`` (a row per draft token and one more) with each row masked by ``masks``
+        (``masks`` for the same draft), and those rows' unmasked argmax (the rows after the text
+        is paid are left alone). Nothing allowed at row 0: marked failed, left unmasked."""
+        if not masks and self.constraint.active:
+            self.constraint.failed = True
+        masked, unmasked = logits.clone(), []
+        for row, index in enumerate(masks):
             unmasked.append(int(logits[row].argmax()))
             masked[row] = float("-inf")
             masked[row, index] = logits[row, index]
-            if row < len(draft):
-                probe.advance(draft[row])
         return masked, unmasked
 
     def _allowed(self, probe: PrefixConstraint, device: torch.device) -> torch.Tensor | None:
@@ -239,10 +251,20 @@ class SpeculativeEngine:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.target.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
-    def _forward(self, tokens: Sequence[int], cache: Any, keep: int = 0) -> torch.Tensor:
+    def _forward(
+        self, tokens: Sequence[int], cache: Any, keep: int = 0, allowed: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Logits for the last ``keep`` fed positions (0: all): the output layer over a 49k
-        vocabulary is a fifth of a prefill's cost, and a prefill needs only its last rows."""
-        return self.target.forward(tokens, cache, keep)
+        vocabulary is a fifth of a prefill's cost, and a prefill needs only its last rows.
+        ``allowed``: what healing allows at the first rows (``Healing.masks``), so that the
+        greedy choice among it is exact (``ModelPass``)."""
+        return self.target.forward(tokens, cache, keep, allowed or None)
+
+    def _masks(self, healing: Healing | None, draft: Draft) -> list[torch.Tensor] | None:
+        """What healing allows at each row of the pass that verifies ``draft``, while it owes text."""
+        if healing is None or not healing.active:
+            return None
+        return healing.masks(draft.tokens, self.target.device)
 
     def _fit_context(self, prompt: list[int], config: GenerationConfig, stats: GenerationStats) -> list[int]:
         room = self.target.max_context - config.max_new_tokens - config.max_draft_tokens - 1
@@ -272,6 +294,7 @@ class SpeculativeEngine:
         continuation: bool = True,
         draft_for: Callable[[Any], Draft] | None = None,
         asked: bool = False,
+        healing: Healing | None = None,
     ) -> tuple[Borrowed, torch.Tensor | None, Draft]:
         """The cache holding ``prompt`` (and a draft after it), and the logits from the prompt's
         last token on: one row, plus one per draft token.
@@ -301,7 +324,8 @@ class SpeculativeEngine:
             if end == len(prompt) and draft_for is not None:
                 with self.cost.riding(end - done):
                     draft = draft_for(borrowed.cache)
-            logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, keep=len(draft) + 1)
+            allowed = self._masks(healing, draft) if end == len(prompt) else None
+            logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, len(draft) + 1, allowed)
             done = end
             if done == len(prompt):
                 return borrowed, logits, draft
@@ -477,7 +501,7 @@ class SpeculativeEngine:
         if run.drafter is not None and self._may_draft(run) and config.max_new_tokens > 1:
             draft_for = functools.partial(self._propose, run, run.prompt, config.max_new_tokens)
         borrowed, logits, draft = self._prefill(
-            run.prompt, cache_key, config, run.cancel, run.stats, continuation, draft_for, asked
+            run.prompt, cache_key, config, run.cancel, run.stats, continuation, draft_for, asked, run.healing
         )
         run.cache = borrowed.cache
         run.stats.prefill_ms = (time.perf_counter() - started) * 1000
@@ -503,7 +527,8 @@ class SpeculativeEngine:
         if run.drafter is not None and remaining > 1 and self._may_draft(run):
             draft = self._propose(run, run.prompt + run.generated, remaining, run.cache)
         pass_started = time.perf_counter()
-        logits = self._forward([run.generated[-1]] + draft.tokens, run.cache)
+        allowed = self._masks(run.healing, draft)
+        logits = self._forward([run.generated[-1]] + draft.tokens, run.cache, allowed=allowed)
         verdict = self._verify(run, draft, logits)
         pass_ms = (time.perf_counter() - pass_started) * 1000
         self.cost.record(len(draft) + 1, pass_ms)
@@ -525,7 +550,7 @@ class SpeculativeEngine:
         healing = run.healing if run.healing is not None and run.healing.active else None
         if healing is None:
             return self._accept(run, draft, logits)
-        masked, unmasked = healing.constrain(logits, draft.tokens)
+        masked, unmasked = healing.constrain(logits, healing.masks(draft.tokens, logits.device))
         verdict = self._accept(run, draft, masked)
         greedy = run.sampling.greedy
         for j, token in enumerate(verdict.tokens[: len(unmasked)]):

@@ -23,14 +23,23 @@ class ModelPass(Protocol):
     cost_prior: dict[int, float] | None
     # A pass may also have ``greedy_only`` (bool, False by default): the engine sets it for each
     # generation, True when only each row's greedy token will be read, so the pass may give
-    # the other logits approximately (``decoding.llama.LlamaForward``). Sampling sets it False.
+    # logits that cannot be any row's greedy choice approximately (``decoding.llama.LlamaForward``).
+    # Sampling sets it False.
 
     def new_cache(self) -> Any:
         """An empty cache for this model (``crop`` and ``get_seq_length`` as above)."""
 
-    def __call__(self, tokens: Sequence[int], cache: Any, keep: int = 0) -> torch.Tensor:
+    def __call__(
+        self,
+        tokens: Sequence[int],
+        cache: Any,
+        keep: int = 0,
+        allowed: Sequence[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
         """Feed ``tokens`` after ``cache`` (which then holds them too); the logits of the last
-        ``keep`` positions (0: all), as a (rows, vocab) tensor."""
+        ``keep`` positions (0: all), as a (rows, vocab) tensor. ``allowed``: for each returned
+        row (None, or a row's None: every token), the token ids its greedy choice is made among
+        (token healing's constraint); the argmax over them must be the exact model's."""
 
 
 class TransformersPass:
@@ -51,7 +60,14 @@ class TransformersPass:
 
         return new_cache(self.model.config)
 
-    def __call__(self, tokens: Sequence[int], cache: Any, keep: int = 0) -> torch.Tensor:
+    def __call__(
+        self,
+        tokens: Sequence[int],
+        cache: Any,
+        keep: int = 0,
+        allowed: Sequence[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
+        """Every logit as the model computes it (``allowed`` changes nothing)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]

@@ -146,8 +146,15 @@ class GraphedForward:
         return sum(t.nbytes for t in tensors)
 
     @torch.inference_mode()
-    def __call__(self, tokens: Sequence[int], cache: GraphedCache, keep: int = 0) -> torch.Tensor:
-        """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all)."""
+    def __call__(
+        self,
+        tokens: Sequence[int],
+        cache: GraphedCache,
+        keep: int = 0,
+        allowed: Sequence[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
+        """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all),
+        every one computed by the same dense layer (``allowed`` changes nothing)."""
         tokens = list(tokens)
         if not tokens:
             return self._logits[:0].clone()

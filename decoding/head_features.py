@@ -70,7 +70,9 @@ class BatchFeatures:
         """``spec``'s model through transformers (dequantized where it is a GGUF) on ``device``."""
         if torch.device(device).type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # ~1e-3 relative: far below the ~1% above
-        model = load_model(spec, device=device, quantization="none", dtype="float32").model
+        model = load_model(
+            spec, device=device, quantization="none", dtype="float32", transformers_forward=True
+        ).model
         return cls(model.eval(), ids, batch)
 
     @property

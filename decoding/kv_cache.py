@@ -20,6 +20,12 @@ which to evict. Entries are least-recently-used first out when the budget is exc
 entry is lent out (removed from the store) while a generation uses it, so a cache is never
 shared by two generations. Dropping a key while its cache is lent revokes the loan: the
 generation's ``put`` is then ignored, so a document closed mid-decode leaves nothing behind.
+
+A loan is revoked by forgetting it: the store records only each key's current loan, and a ``put``
+is kept only from that loan. Nothing waits for a loan to come back, because some never do: a
+generation that raises never puts, nor does a draft model's live session whose document is
+closed. A loan left out is replaced by its key's next one or ended by its key's drop, so the store
+holds at most one loan per key.
 """
 
 from __future__ import annotations
@@ -122,8 +128,7 @@ class PrefixCache:
         self._bytes = 0
         self._lock = threading.Lock()  # generations run on a worker; stats and drops come from elsewhere
         self._tickets = 0
-        self._lent: dict[str, int] = {}  # key -> the ticket of its loan still out
-        self._revoked: set[int] = set()  # loans whose key was dropped while they were out
+        self._lent: dict[str, int] = {}  # key -> the ticket of its current loan (only it may put)
 
     @property
     def enabled(self) -> bool:
@@ -199,7 +204,8 @@ class PrefixCache:
     ) -> None:
         """Keep ``cache`` as ``key``'s: it holds ``tokens`` (all, or all but the last), of which
         ``tokens[greedy_from:]`` are greedy choices (None: none are). ``ticket`` is the loan's
-        (``Borrowed.ticket``): a loan revoked by ``drop`` is not kept. Evicts old entries as needed."""
+        (``Borrowed.ticket``): a loan that is no longer the key's current one (revoked by ``drop``,
+        or replaced by a later ``take``) is not kept. Evicts old entries as needed."""
         if ticket is not None and self._settle(key, ticket):
             return
         if not self.enabled or not tokens or cache_length(cache) not in (len(tokens), len(tokens) - 1):
@@ -221,11 +227,9 @@ class PrefixCache:
     def _settle(self, key: str, ticket: int) -> bool:
         """Close the loan ``ticket``; whether it was revoked (its cache must not be kept)."""
         with self._lock:
-            if self._lent.get(key) == ticket:
-                del self._lent[key]
-            if ticket in self._revoked:
-                self._revoked.discard(ticket)
+            if self._lent.get(key) != ticket:
                 return True
+            del self._lent[key]
             return False
 
     def chain(self, key: str) -> Chain | None:
@@ -241,9 +245,7 @@ class PrefixCache:
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._bytes -= entry.nbytes
-            ticket = self._lent.pop(key, None)
-            if ticket is not None:
-                self._revoked.add(ticket)
+            self._lent.pop(key, None)  # revoked: its ``put`` will find another loan, or none
 
     def resize(self, budget_bytes: int) -> None:
         with self._lock:

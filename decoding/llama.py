@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from gguf import quants
 
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
-from decoding.quant.layers import INT4_N_MULTIPLE, DenseLinear, QuantizedHead, concat_rows, linear_for
+from decoding.quant.layers import INT4_N_MULTIPLE, DenseHead, QuantizedHead, concat_rows, linear_for
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +244,15 @@ class LlamaForward:
         return total
 
     @torch.inference_mode()
-    def __call__(self, tokens: Sequence[int], cache: KVCache, keep: int = 0) -> torch.Tensor:
-        """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all)."""
+    def __call__(
+        self,
+        tokens: Sequence[int],
+        cache: KVCache,
+        keep: int = 0,
+        allowed: Sequence[torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
+        """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all),
+        the greedy choice among each row's ``allowed`` tokens exact (``ModelPass``)."""
         rows, start = len(tokens), cache.length
         end = start + rows
         if end > self.shape.max_context:
@@ -262,7 +269,7 @@ class LlamaForward:
         cache.length = end
         normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
         cache.hidden[start:end] = normed
-        return self.head(normed[-keep:] if keep else normed)
+        return self.head(normed[-keep:] if keep else normed, allowed)
 
     def _attention(
         self,
@@ -481,7 +488,7 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     if output.terms is not None and output.shape[0] % INT4_N_MULTIPLE == 0:
         head: torch.nn.Module = QuantizedHead(output)
     else:
-        head = DenseLinear(torch.from_numpy(output.dense()))
+        head = DenseHead(torch.from_numpy(output.dense()))
     if not tied:
         embed: Embedding = DenseEmbedding(torch.from_numpy(tensor("token_embd.weight").dense()))
     else:
@@ -546,7 +553,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
         head: torch.nn.Module = QuantizedHead(quantize_dense(head_weight.numpy(), 8))
         embed: Embedding = head.rows if tied else DenseEmbedding(table)
     else:
-        head = DenseLinear(head_weight)
+        head = DenseHead(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
     forward = _assemble(shape, weight, vector, embed, head)
     forward.formats = f"int{bits}" if bits else "F32"

@@ -382,11 +382,12 @@ def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
 def _lean_at_load(
     model: Any, tokenizer: Any, device: torch.device, source: str, quantization: str
 ) -> LoadedModel | None:
-    """A safetensors Llama quantized at load (``int4``/``int8``) behind the lean forward; None for
-    another architecture, which keeps transformers' forward."""
-    forward = _quantized_at_load(model.float(), 4 if quantization == "int4" else 8)
+    """A transformers Llama behind the lean forward, quantized at load (``int4``/``int8``) or
+    dense fp32 (``none``); None for another architecture, which keeps transformers' forward."""
+    forward = _quantized_at_load(model.float(), {"int4": 4, "int8": 8}.get(quantization, 0))
     if forward is None:
         return None
+    give_back_freed_memory()
     return LoadedModel(
         model=None,
         tokenizer=tokenizer,
@@ -420,14 +421,19 @@ def load_model(
     quantization: str = "auto",
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
+    transformers_forward: bool = False,
 ) -> LoadedModel:
     """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``.
 
     ``quantization``: ``auto`` keeps a GGUF's quantized blocks on the CPU (lean forward) and
-    leaves other models as they are; ``none`` dequantizes GGUF files (through a cached
-    safetensors copy) onto transformers' forward; ``int4`` / ``int8`` also quantize a
-    safetensors Llama at load (CPU only). On CUDA, every setting but ``none`` runs a
-    Llama-family model on the graphed lean forward, dense in ``dtype``.
+    leaves other models' weights as they are; ``none`` dequantizes GGUF files (through a cached
+    safetensors copy); ``int4`` / ``int8`` also quantize a safetensors Llama at load (CPU
+    only). On CUDA, every setting but ``none`` runs a Llama-family model on the graphed lean
+    forward, dense in ``dtype``. On the CPU in fp32 a Llama-family model runs on the lean
+    forward with dense layers, whose rows do not depend on the pass they ride in (transformers'
+    forward picks kernels by row count, so speculative output there would equal plain output
+    only as measured, not by construction); ``transformers_forward`` keeps transformers' own
+    forward instead (the reference in tests, the peers in benchmarks, a head's training states).
     """
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")
@@ -455,8 +461,13 @@ def load_model(
         dense = _quantized_at_load(model.float(), 0)
         if dense is not None:
             return _graphed(dense, tokenizer, model.config, torch_device, torch_dtype, source)
+    fp32_cpu = torch_device.type == "cpu" and torch_dtype == torch.float32
+    if fp32_cpu and not transformers_forward:
+        lean = _lean_at_load(model, tokenizer, torch_device, source, "none")
+        if lean is not None:
+            return lean
     model = model.to(device=torch_device, dtype=torch_dtype).eval()
-    if torch_device.type == "cpu" and torch_dtype == torch.float32:
+    if fp32_cpu:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py
     return LoadedModel(
         model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype, source=source
@@ -464,7 +475,15 @@ def load_model(
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """A draft must speak the target's token ids, or its proposals are meaningless."""
+    """A draft must speak the target's token ids, or its proposals are meaningless.
+
+    Its tokenizer must be the target's, and its output layer must have a row for every id of that
+    tokenizer, or be exactly the target's size. Output layers often have spare rows past the
+    tokenizer, and pairs of one family differ there (Qwen2.5-Coder 0.5B and 7B): such a pair is
+    accepted, and the draft model's drafter fits its rows to the target's
+    (``decoding.drafters.model``; pass ``target_vocab`` to ``make_drafter``). A draft short of the
+    tokenizer could never propose some of its tokens and most likely belongs to another family.
+    """
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if t_vocab != d_vocab:
         only_t = len(set(t_vocab) - set(d_vocab))
@@ -476,5 +495,6 @@ def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:
         )
     if draft.vocab_size < len(t_vocab) and draft.vocab_size != target.vocab_size:
         raise ModelLoadError(
-            f"draft model output size {draft.vocab_size} differs from the target's {target.vocab_size}"
+            f"draft model output size {draft.vocab_size} differs from the target's {target.vocab_size} "
+            f"and has no row for some of the tokenizer's {len(t_vocab)} tokens"
         )

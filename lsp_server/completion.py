@@ -32,6 +32,7 @@ from pygls.workspace import TextDocument
 from lsp_server import postprocess
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, OpenDocument, Prompt, detect
+from lsp_server.context.builder import Shown
 from lsp_server.documents import Cursor, PositionError, locate
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
@@ -78,7 +79,7 @@ class Request:
     settings: Settings
     context: ContextRequest  # what the prompt is built from
     situation: Situation  # what post-processing and the suggestion's end need
-    memory_key: Key
+    memory_key: Key  # with the prompt builder's state when the request came
     generation: int  # the document's in the registry: closed since, its answer is not remembered
     invoked: bool  # asked for explicitly (no debounce)
 
@@ -95,6 +96,7 @@ class Decoded:
     result: GenerationResult
     prompt_ms: float  # building the prompt: context, token counts, trimming to its budget
     prompt: Prompt
+    context: Shown | None = None  # the prompt builder's state the build left (``ContextBuilder.state``)
 
 
 class CompletionService:
@@ -191,8 +193,9 @@ class CompletionService:
             budget_s=budget_s,
         )
         completion, note, final = self._finish(outcome, request)
-        if final:
-            self._remember(request, completion.text if completion is not None else None)
+        if final and outcome.value is not None:
+            key = self._key_after(request, outcome.value)
+            self._remember(request, completion.text if completion is not None else None, key)
         if outcome.status == "done":
             self._after_answer(uri, settings)
         return completion, note
@@ -243,7 +246,9 @@ class CompletionService:
         situation = postprocess.situation_for(
             text, cursor.offset, cursor.before, cursor.after, spec, settings.multiline, settings.max_lines
         )
-        memory_key = self.memory.key(uri, text, cursor.offset, (settings, self._other_versions(uri)))
+        memory_key = self.memory.key(
+            uri, text, cursor.offset, (settings, self._other_versions(uri)), self.context.state(uri)
+        )
         return Request(
             kind,
             uri,
@@ -264,7 +269,7 @@ class CompletionService:
     def _answer_now(self, request: Request, text: str | None, note: str) -> tuple[Completion | None, str]:
         """Answer without decoding; whatever ran for the document is stale now."""
         self.scheduler.supersede(request.key)
-        self._remember(request, text)
+        self._remember(request, text, request.memory_key)
         self._after_answer(request.uri, request.settings)
         return self._completion(text, request), note
 
@@ -284,6 +289,7 @@ class CompletionService:
         started = time.perf_counter()
         prompt = runtime.prompt(self.context, request.context, deadline)
         prompt_ms = (time.perf_counter() - started) * 1000
+        context = self.context.state(request.uri)  # read here: the builder's thread
         result = runtime.generate(
             prompt,
             request.settings,
@@ -293,7 +299,7 @@ class CompletionService:
             deadline=deadline,
         )
         loop.call_soon_threadsafe(self.stats.record_generation, result)  # counted even when superseded
-        return Decoded(result, prompt_ms, prompt)
+        return Decoded(result, prompt_ms, prompt, context)
 
     def _finish(
         self, outcome: Outcome[Decoded | None], request: Request
@@ -307,8 +313,10 @@ class CompletionService:
             return None, "superseded", False
         if outcome.status == "failed":
             return None, self._failed(f"decode failed: {outcome.error}"), False
-        if outcome.status != "done" or decoded is None:
-            return None, outcome.status if decoded is not None else "model unloaded", False
+        if outcome.status != "done":  # expired in the queue, cancelled: the job never answered
+            return None, outcome.status, False
+        if decoded is None:
+            return None, "model unloaded", False
         result = decoded.result
         post_started = time.perf_counter()
         text = postprocess.finish(result.text, request.situation)
@@ -326,10 +334,19 @@ class CompletionService:
             return None, f"nothing to suggest ({note})", final
         return self._completion(text, request), note, final
 
-    def _remember(self, request: Request, text: str | None) -> None:
-        """Keep the answer for an identical request, unless the document was closed meanwhile."""
+    def _key_after(self, request: Request, decoded: Decoded) -> Key | None:
+        """The key an identical request will have after this decode: the prompt builder's state
+        is the one this prompt left, which builds it again; None where it left none (the same
+        request might then be given another prompt, so its answer is not kept for one)."""
+        if decoded.context is None:
+            return None
+        return self.memory.with_context(request.memory_key, decoded.context)
+
+    def _remember(self, request: Request, text: str | None, key: Key | None) -> None:
+        """Keep the answer for an identical request (under ``key``; None: only as the suggestion
+        on screen), unless the document was closed meanwhile."""
         if request.settings.type_ahead and self.registry.current(request.uri, request.generation):
-            self.memory.remember(request.memory_key, request.uri, request.source, request.cursor.offset, text)
+            self.memory.remember(key, request.uri, request.source, request.cursor.offset, text)
 
     def _failed(self, note: str) -> str:
         self.stats.failed += 1

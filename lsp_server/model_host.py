@@ -37,7 +37,7 @@ from lsp_server.sources import DocumentSnapshot, DraftSources
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine
     from decoding.drafters import Drafter, HeadDrafter, NgramDrafter
-    from decoding.kv_cache import Chain
+    from decoding.kv_cache import Chain, PrefixCache
     from decoding.transformers_peer import TransformersDecoder
     from lsp_server.remote.health import Notice
     from lsp_server.remote.runtime import RemoteRuntime
@@ -62,7 +62,8 @@ class Runtime:
     draft_model: LoadedModel | None
     draft_head: HeadDrafter | None
     tokens: Tokens  # the target's tokenizer, for building prompts
-    session_cache_bytes: int = 0
+    kv_cache_bytes: int = 0  # ``kvCacheMb`` as last applied: both models' KV caches together
+    draft_kv_share: float = 0.0  # of that, the draft model's per-document caches' (``kv_share``)
     _peer: TransformersDecoder | None = None  # built on first use
     kind: ClassVar[str] = "local"
 
@@ -84,7 +85,7 @@ class Runtime:
         from decoding import GenerationConfig
 
         engine = self.engine
-        engine.prefix_cache.resize(settings.kv_cache_mb * MB)
+        self.fit_caches(settings.kv_cache_mb * MB)
         config = GenerationConfig(
             max_new_tokens=settings.max_new_tokens,
             stop_at_newline=ending.stop_at_newline,
@@ -103,6 +104,30 @@ class Runtime:
             cancel=should_stop,
             cache_key=cache_key if settings.kv_cache_mb > 0 else None,
         )
+
+    @property
+    def draft_cache_bytes(self) -> int:
+        """The draft model's per-document KV caches' part of ``kv_cache_bytes``."""
+        return int(self.kv_cache_bytes * self.draft_kv_share)
+
+    def fit_caches(self, total_bytes: int) -> None:
+        """Bound both models' per-document KV caches by ``total_bytes`` together (``kvCacheMb``,
+        which may change between requests): the draft model's take their share, the target's
+        the rest, and each evicts down to its part at once (worker thread)."""
+        self.kv_cache_bytes = max(0, int(total_bytes))
+        self.engine.prefix_cache.resize(self.kv_cache_bytes - self.draft_cache_bytes)
+        sessions = self._draft_sessions()
+        if sessions is not None:
+            sessions.resize(self.draft_cache_bytes)
+
+    def _draft_sessions(self) -> PrefixCache | None:
+        """The draft model's per-document caches, if the drafter has a draft model (alone or in
+        ``auto``)."""
+        from decoding.drafters import AutoDrafter, ModelDrafter
+
+        drafter = self.drafter
+        model = drafter.model if isinstance(drafter, AutoDrafter) else drafter
+        return model.sessions if isinstance(model, ModelDrafter) else None
 
     def forget(self, uri: str) -> None:
         """``uri`` was closed: the drafter drops its sources and caches for it (worker thread)."""
@@ -129,7 +154,8 @@ class Runtime:
                 draft_model=self.draft_model,
                 draft_head=self.draft_head,
                 cost=self.engine.cost,
-                session_cache_bytes=self.session_cache_bytes,
+                session_cache_bytes=self.draft_cache_bytes,
+                target_vocab=self.engine.target.vocab_size,
             )
             self.drafter_name = name
         return self.drafter
@@ -206,8 +232,7 @@ def load_engine_runtime(
 def load_runtime(settings: Settings) -> Runtime:
     """Load target (and draft) for ``settings``; raises with a message meant for the user."""
     import_decoding()
-    from decoding import SpeculativeEngine, load_model
-    from decoding.drafters import load_head_drafter, make_drafter
+    from decoding import load_model
     from decoding.models import check_draft_compatible, give_back_freed_memory
 
     target = load_model(
@@ -222,30 +247,70 @@ def load_runtime(settings: Settings) -> Runtime:
             quantization=settings.quantization,
         )
         check_draft_compatible(target, draft)
+    runtime = assemble_runtime(settings, target, draft)
+    give_back_freed_memory()
+    return runtime
+
+
+def assemble_runtime(settings: Settings, target: LoadedModel, draft: LoadedModel | None) -> Runtime:
+    """The engine and drafter over loaded models, with ``kvCacheMb`` split between the target's
+    and the draft model's per-document KV caches (``kv_share``)."""
+    from decoding import SpeculativeEngine
+    from decoding.drafters import load_head_drafter, make_drafter
     from decoding.kv_cache import PrefixCache
 
-    engine = SpeculativeEngine(target, prefix_cache=PrefixCache(settings.kv_cache_mb * MB))
-    session_bytes = settings.kv_cache_mb * MB if draft is not None else 0
+    share = kv_share(target, draft)
+    total = settings.kv_cache_mb * MB
+    draft_bytes = int(total * share)
+    engine = SpeculativeEngine(target, prefix_cache=PrefixCache(total - draft_bytes))
     head = load_head_drafter(target, settings.draft_head, cost=engine.cost)
     drafter = make_drafter(
         settings.drafter if settings.drafter != "head" or head is not None else "auto",
         draft_model=draft,
         draft_head=head,
         cost=engine.cost,
-        session_cache_bytes=session_bytes,
+        session_cache_bytes=draft_bytes,
+        target_vocab=target.vocab_size,
     )
     engine.healing_index  # noqa: B018  (token healing's table: built here, not on the first request)
-    tokens = Tokens.for_engine(engine)
-    give_back_freed_memory()
     return Runtime(
         engine=engine,
         drafter=drafter,
         drafter_name=settings.drafter,
         draft_model=draft,
         draft_head=head,
-        session_cache_bytes=session_bytes,
-        tokens=tokens,
+        tokens=Tokens.for_engine(engine),
+        kv_cache_bytes=total,
+        draft_kv_share=share,
     )
+
+
+def kv_bytes_per_token(model: LoadedModel) -> int | None:
+    """Keys and values one token costs ``model``'s cache, from its config (None: unknown)."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None
+    )
+    if not (layers and kv_heads and head_dim):
+        return None
+    return int(layers * kv_heads * head_dim * 2 * model.dtype.itemsize)
+
+
+def kv_share(target: LoadedModel, draft: LoadedModel | None) -> float:
+    """The draft model's share of ``kvCacheMb``: its bytes per token over both models' together.
+
+    Both caches are kept per document and serve the same prompts, so a split in proportion to what
+    a token costs each lets both keep about the same documents; a draft cache evicted while the
+    target's is kept would make the draft re-feed the whole prompt. Half each where a config does
+    not say. An estimate only decides the split: each cache counts its real bytes against its part.
+    """
+    if draft is None:
+        return 0.0
+    t, d = kv_bytes_per_token(target), kv_bytes_per_token(draft)
+    return d / (t + d) if t and d else 0.5
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:

@@ -2,9 +2,15 @@
 
 Two cheap checks on the event loop, before any work is scheduled:
 
-- A request identical to an earlier one (same document text, same cursor, same settings) gets the
-  earlier answer from a small LRU: greedy decoding is deterministic, so that is exactly what
-  decoding again would give. Editors re-ask often (focus changes, a cursor moved back and forth).
+- A request identical to an earlier one gets the earlier answer from a small LRU: greedy
+  decoding is deterministic, so that is exactly what decoding again would give. Editors re-ask
+  often (focus changes, a cursor moved back and forth). Identical means the same prompt, and the
+  prompt depends on more than the document text, the cursor and the settings: the prompt builder
+  keeps the rows it showed across lines (``ContextBuilder.state``), so the same text and cursor
+  reached after another path shows other rows and may be answered otherwise. The key therefore
+  holds that state too; an answer is kept under the state its own prompt left behind, which builds
+  the same prompt again (the next identical request sees it), and not kept where there is none.
+  Comparing the state costs a hash of the rows' text, once per state.
 - A request whose document differs from the one the shown suggestion was made for only by
   characters typed at the cursor that match the suggestion's start is typed-ahead: it skips the
   debounce. The answer itself comes from the engine's greedy chain for the document (see
@@ -15,12 +21,14 @@ Two cheap checks on the event loop, before any work is scheduled:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 RESULT_CACHE_SIZE = 128
 TYPED_AHEAD_MAX_CHARS = 1 << 20  # larger documents skip the text comparison (it copies the text)
 
-Key = tuple[str, int, int, int, tuple]
+# (uri, text length, text hash, cursor, settings and the like, the prompt builder's state)
+Key = tuple[str, int, int, int, tuple, Hashable]
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,15 @@ class SuggestionMemory:
         self._shown: dict[str, Shown] = {}
 
     @staticmethod
-    def key(uri: str, source: str, offset: int, settings_key: tuple) -> Key:
+    def key(uri: str, source: str, offset: int, settings_key: tuple, context: Hashable = None) -> Key:
+        """``context``: the prompt builder's state for the document (``ContextBuilder.state``)."""
         # str caches its hash, so this costs one pass over a new text and nothing after.
-        return (uri, len(source), hash(source), offset, settings_key)
+        return (uri, len(source), hash(source), offset, settings_key, context)
+
+    @staticmethod
+    def with_context(key: Key, context: Hashable) -> Key:
+        """``key`` for the same request made with the prompt builder in state ``context``."""
+        return (*key[:5], context)
 
     def result(self, key: Key) -> tuple[bool, str | None]:
         """(found, answer): a remembered answer for an identical request (None: no suggestion)."""
@@ -50,11 +64,13 @@ class SuggestionMemory:
         self._results.move_to_end(key)
         return True, self._results[key]
 
-    def remember(self, key: Key, uri: str, source: str, offset: int, text: str | None) -> None:
-        self._results[key] = text
-        self._results.move_to_end(key)
-        while len(self._results) > self.size:
-            self._results.popitem(last=False)
+    def remember(self, key: Key | None, uri: str, source: str, offset: int, text: str | None) -> None:
+        """Keep the answer under ``key`` (None: only as the suggestion on screen, for typing ahead)."""
+        if key is not None:
+            self._results[key] = text
+            self._results.move_to_end(key)
+            while len(self._results) > self.size:
+                self._results.popitem(last=False)
         if text is None:
             self._shown.pop(uri, None)
         else:

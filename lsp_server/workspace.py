@@ -16,12 +16,13 @@ serves. Nothing here touches the network, and a remote engine (no local drafter)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,24 +130,32 @@ def read_source(path: Path, limits: WorkspaceLimits) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
-@dataclass
 class WorkspaceIndex:
-    """The workspace's files: text on any thread (under ``_lock``), tokens and index on the worker."""
+    """The workspace's files: text on any thread, tokens and index on the worker, the index built
+    on a thread of its own.
 
-    limits: WorkspaceLimits = field(default_factory=WorkspaceLimits)
-    _texts: dict[Path, str] = field(default_factory=dict)  # what is on disk now, within the limits
-    _stale: set[Path] = field(default_factory=set)  # texts not tokenized since they changed
-    _tokens: dict[Path, np.ndarray] = field(default_factory=dict)  # int32; worker only
-    _version: int = 0  # bumped whenever ``_tokens`` changes
-    _built_version: int = 0  # the ``_version`` the drafter's index was built from
-    _builder: threading.Thread | None = None
-    _drafter: weakref.ref | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _scan_generation: int = 0
-    roots: list[Path] = field(default_factory=list)
-    index_tokens: int = 0
-    index_bytes: int = 0  # the index and the per-file tokens it is rebuilt from
-    scans: int = 0
+    A plain class, not a dataclass: it owns a lock and a thread, and comparing or copying it
+    field by field would mean nothing. ``_lock`` guards what more than one thread writes or reads
+    together: the texts and what is stale (scans and file changes, on their own threads), and the
+    builder's state, which the builder thread writes when it ends and the worker and the stats
+    read (which build is under way, the version it was built from, its size).
+    """
+
+    def __init__(self, limits: WorkspaceLimits | None = None) -> None:
+        self.limits = limits or WorkspaceLimits()
+        self.roots: list[Path] = []
+        self.scans = 0
+        self.index_tokens = 0
+        self.index_bytes = 0  # the index and the per-file tokens it is rebuilt from
+        self._lock = threading.Lock()
+        self._texts: dict[Path, str] = {}  # what is on disk now, within the limits
+        self._stale: set[Path] = set()  # texts not tokenized since they changed
+        self._scan_generation = 0
+        self._tokens: dict[Path, np.ndarray] = {}  # int32; worker only
+        self._version = 0  # bumped whenever ``_tokens`` changes (worker only)
+        self._drafter: weakref.ref | None = None  # worker only
+        self._built_version = 0  # the ``_version`` the drafter's index was built from
+        self._builder: threading.Thread | None = None  # the build under way
 
     # -- any thread ----------------------------------------------------------------------------------
     def scan(self, roots: Iterable[Path], limits: WorkspaceLimits) -> int:
@@ -205,18 +214,20 @@ class WorkspaceIndex:
     def pending(self) -> bool:
         """Whether the worker has files to tokenize or an index to build (for a new model too)."""
         new_model = self._drafter is None or self._drafter() is None
-        return bool(self._stale) or self._built_version != self._version or new_model
+        with self._lock:
+            return bool(self._stale) or self._built_version != self._version or new_model
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             files, chars = len(self._texts), self._total_chars()
+            tokens, index_bytes = self.index_tokens, self.index_bytes
         return {
             "roots": [str(root) for root in self.roots],
             "files": files,
             "bytes": chars,
             "max_bytes": self.limits.max_bytes,
-            "tokens": self.index_tokens,
-            "index_bytes": self.index_bytes,
+            "tokens": tokens,
+            "index_bytes": index_bytes,
             "pending": self.pending,  # files to tokenize or an index to build
             "scanned": self.scans > 0,
             **self._drafts(),
@@ -255,14 +266,15 @@ class WorkspaceIndex:
             else:
                 self._tokens[path] = np.asarray(encode(text), dtype=np.int32)
             self._version += 1
-        current = self._built_version == self._version
-        if self._stale or current or self._builder is not None or should_stop():
+        if should_stop():
             return False
-        documents = [self._tokens[path] for path in sorted(self._tokens)]
-        self._builder = threading.Thread(
-            target=self._build, args=(ngram, documents, self._version), name="workspace-index", daemon=True
-        )
-        self._builder.start()
+        with self._lock:
+            if self._builder is not None or self._built_version == self._version or self._stale:
+                return False
+            documents = [self._tokens[path] for path in sorted(self._tokens)]
+            build = functools.partial(self._build, ngram, documents, self._version)
+            self._builder = threading.Thread(target=build, name="workspace-index", daemon=True)
+            self._builder.start()  # its end waits for the lock, so it always finds itself there
         return True
 
     # -- the builder thread ------------------------------------------------------------------------
@@ -274,15 +286,18 @@ class WorkspaceIndex:
             index = CorpusIndex(documents)
             ngram.corpus = index if len(index) else None
             cached = sum(tokens.nbytes for tokens in documents)  # kept for the next rebuild
-            self.index_tokens, self.index_bytes = len(index), index.nbytes + cached
+            with self._lock:
+                self.index_tokens, self.index_bytes = len(index), index.nbytes + cached
         except Exception:  # a bug must not retry forever: logged, and the old index stays
             log.exception("building the workspace index failed")
         finally:
-            self._built_version, self._builder = version, None
+            with self._lock:
+                self._built_version, self._builder = version, None
 
     def wait_built(self, timeout: float | None = None) -> None:
         """Wait for a build under way (tests; the server never waits)."""
-        builder = self._builder
+        with self._lock:
+            builder = self._builder
         if builder is not None:
             builder.join(timeout)
 

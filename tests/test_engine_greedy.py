@@ -188,9 +188,9 @@ def record_fed_lengths(engine: SpeculativeEngine) -> list[int]:
     fed: list[int] = []
     forward = engine._forward
 
-    def recording_forward(tokens, cache, keep=0):
+    def recording_forward(tokens, cache, keep=0, allowed=None):
         fed.append(len(tokens))
-        return forward(tokens, cache, keep)
+        return forward(tokens, cache, keep, allowed)
 
     engine._forward = recording_forward
     return fed

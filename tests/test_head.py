@@ -213,16 +213,11 @@ def test_speculative_greedy_with_the_head_equals_plain_greedy(targets, heads, dr
     assert proposed > 200 and 0 < accepted < proposed
 
 
-@pytest.mark.parametrize("bits", [4])  # the server's; the dense scorer differs only in its rows
-def test_sampling_with_the_head_keeps_the_targets_distribution(bits):
-    model = tiny_model(21, layers=2, logit_scale=3.0)
-    target = from_transformers(model, 0)
-    head = trained_tiny_head(target, steps=60)
-    params = SamplingParams(temperature=1.0, top_k=6)
-    joint = exact_joint(model, PROMPT, params, 2)
-    engine = SpeculativeEngine(lean_loaded(target))
-    drafter = head_drafter(target, head, max_draft=3, bits=bits)
+def sample_first_tokens(engine, drafter, params: SamplingParams) -> tuple[dict, int, int]:
+    """``SAMPLES`` seeded generations of 4 tokens after ``PROMPT``: counts of their first two
+    tokens, and the draft tokens proposed and accepted in all."""
     config = GenerationConfig(max_new_tokens=4, temperature=params.temperature, top_k=params.top_k)
+    config.top_p = params.top_p
     counts: dict[tuple[int, ...], int] = {}
     proposed = accepted = 0
     for seed in range(SAMPLES):
@@ -232,8 +227,61 @@ def test_sampling_with_the_head_keeps_the_targets_distribution(bits):
         counts[key] = counts.get(key, 0) + 1
         for stats in result.stats.drafters.values():
             proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
-    assert chi_square_pvalue(counts, joint) > 0.001
-    assert proposed > SAMPLES // 2 and 0 < accepted < proposed
+    return counts, proposed, accepted
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    model = tiny_model(21, layers=2, logit_scale=3.0)
+    target = from_transformers(model, 0)
+    return model, target, trained_tiny_head(target, steps=60)
+
+
+@pytest.mark.parametrize("drafter_name", ["head", "auto"])
+def test_sampling_with_the_head_keeps_the_targets_distribution(sampling_pair, drafter_name):
+    """As shipped: the head on the 4-bit kernel, confident. Its cost model is the CPU's prior,
+    not the engine's live timings: a tiny target's step costs what a head step does, which would
+    price every draft out."""
+    model, target, head = sampling_pair
+    params = SamplingParams(temperature=1.0, top_k=6)
+    engine = SpeculativeEngine(lean_loaded(target))
+    drafter = make_drafter(drafter_name, draft_head=head_drafter(target, head, 3, 4))
+    counts, proposed, accepted = sample_first_tokens(engine, drafter, params)
+    assert chi_square_pvalue(counts, exact_joint(model, PROMPT, params, 2)) > 0.001
+    assert proposed > SAMPLES // 4 and 0 < accepted < proposed  # ``auto`` drafts less: it weighs
+
+
+@pytest.mark.parametrize("drafter_name", ["head", "auto"])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(1.0, top_k=6), SamplingParams(0.7, top_p=0.9), SamplingParams(1.3, top_k=8, top_p=0.95)],
+)
+def test_sampling_with_a_confident_head_keeps_the_targets_distribution(sampling_pair, drafter_name, params):
+    """A head far surer than it should be (its scores 20 times the trained ones, so its q is
+    peaked where the target's p is not), drafting only while its confidence beats what a token
+    costs (``confident``, as shipped; a fixed cost model puts that bar near 0.5). A head that
+    drew a token and then dropped it for its own low probability drafted from q restricted to
+    its likely tokens while the engine's acceptance rule was told q; and ``auto`` then fell
+    back to the n-gram match, a choice of source that depended on the drawn token. Both biased
+    the output (here by p < 1e-6 on the old code, which decided after drawing).
+
+    Power: the chi-square on the first two tokens' pooled joint (~20 cells of 5000 samples at
+    alpha = 0.001) catches a shift as large as a two-token model of the old rule gives
+    (p = (.5, .5), q = (.9, .1), bar .5: P(first token) .547 against .5, a noncentrality of
+    5000 * 2 * .047^2 / .5 = 44) with probability 0.92 (scipy.stats.ncx2(19, 44).sf(43.8)).
+    """
+    model, target, head = sampling_pair
+    engine = SpeculativeEngine(lean_loaded(target))
+    rows = output_rows(target, head.vocab) * 20.0
+    sure = HeadDrafter(copy.deepcopy(head), target.embed, rows, TINY_VOCAB, set(), 3, bits=4)
+    drafter = make_drafter(drafter_name, draft_head=sure, cost=engine.cost)
+    sure.cost = CostModel(prior={1: 1.0, 2: 1.45, 3: 1.9, 4: 2.35, 5: 2.8})  # a keep bar near 0.5
+    if drafter_name == "auto":  # the head chosen on every step by its record, the n-gram beside it
+        sure.stats = AcceptanceStats(priors={0: 0.9}, prior_weight=1e9)
+        drafter.ngram.stats = AcceptanceStats(priors={b: 0.3 for b in (1, 2, 4, 8, 16, 32)}, prior_weight=1e9)
+    counts, proposed, accepted = sample_first_tokens(engine, drafter, params)
+    assert chi_square_pvalue(counts, exact_joint(model, PROMPT, params, 2)) > 0.001
+    assert proposed > SAMPLES // 4 and 0 < accepted < proposed
 
 
 class NoHiddenStates:
@@ -302,7 +350,7 @@ def test_the_confidence_temperature_weighs_drafts_but_never_changes_them(targets
         drafter.attach(cache)
         g = drafter._sync(tokens[:21], 20)
         scores = drafter._score(g)
-        token, confidence, _ = drafter._choose(g)
+        token, confidence = drafter._best(drafter._scores(g)), drafter._confidence(drafter._scores(g))
         assert confidence == pytest.approx(float(torch.softmax(scores / temperature, -1).max()), rel=1e-5)
         chosen[temperature] = (token, confidence, drafter.propose_exactly(tokens[:21], 4).tokens)
     assert chosen[0.5][0] == chosen[1.0][0] and chosen[0.5][2] == chosen[1.0][2]

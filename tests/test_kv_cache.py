@@ -209,11 +209,11 @@ def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between
     chunks = {"n": 0}
     forward = engine._forward
 
-    def counting_forward(tokens, cache, keep=0):
+    def counting_forward(tokens, cache, keep=0, allowed=None):
         chunks["n"] += 1
         if chunks["n"] == 2:
             stop.set()  # as if the next keystroke arrived during the second chunk
-        return forward(tokens, cache, keep)
+        return forward(tokens, cache, keep, allowed)
 
     engine._forward = counting_forward
     result = engine.generate(
@@ -319,3 +319,36 @@ def test_a_closed_session_drops_the_draft_models_cache_parked_or_live(target, dr
     assert drafter.sessions.snapshot()["entries"] == 0 and drafter.cached_tokens() == []
     engine.generate(a + [3], config, drafter, cache_key="a")
     assert drafter.sessions.stats.reused_tokens == 0  # nothing of a was left to reuse
+
+
+def bookkeeping(store: PrefixCache) -> dict[str, int]:
+    """The size of every container the store keeps (entries, loans, anything it records)."""
+    return {name: len(value) for name, value in vars(store).items() if isinstance(value, (dict, set, list))}
+
+
+def test_a_loan_revoked_while_its_generation_raises_leaves_no_trace(target, draft):
+    """A generation that raises never gives its cache back (as the soak test's injected fault does,
+    at a stop check with the cache borrowed), and a document closed meanwhile revokes the loan,
+    in the engine's store and in the draft model's live session. Nothing of either may stay: the
+    store used to keep each revoked ticket until a ``put`` that never came. The next loan of the
+    key is kept as usual."""
+    store = PrefixCache(64 * MB)
+    engine = SpeculativeEngine(loaded(target), prefix_cache=store)
+    drafter = make_drafter("model", draft_model=loaded(draft), cost=engine.cost, session_cache_bytes=64 * MB)
+    prompt = [random.Random(9).randrange(TINY_VOCAB) for _ in range(30)]
+    config = GenerationConfig(max_new_tokens=8)
+
+    def close_and_fail() -> bool:
+        if store.snapshot()["lent"] == 1:  # the engine holds the cache, the drafter its session
+            store.drop("doc")
+            drafter.forget("doc")
+            raise RuntimeError("injected: the decode fails with the cache borrowed")
+        return False
+
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.generate(prompt, config, drafter, cancel=close_and_fail, cache_key="doc")
+    assert all(size == 0 for size in bookkeeping(store).values()), bookkeeping(store)
+    assert all(size == 0 for size in bookkeeping(drafter.sessions).values()), bookkeeping(drafter.sessions)
+    engine.generate(prompt, config, drafter, cache_key="doc")
+    assert store.snapshot()["entries"] == 1 and store.snapshot()["lent"] == 0

@@ -121,14 +121,37 @@ def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     for greedy_only in (False, True):
         head.greedy_only = greedy_only
         logits = head(x)
-        ranking = head.approx.leading(x) if greedy_only else head.approx(x)
-        top = ranking.float().topk(QuantizedHead.CANDIDATES, dim=-1).indices  # the candidates
+        top = head.approx(x).float().topk(QuantizedHead.CANDIDATES, dim=-1).indices  # the candidates
         assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
         assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
         for rows in (1, 2, 3, 7, 17):
             assert torch.equal(head(x[:rows]), logits[:rows])
-        if not greedy_only:  # every logit within the kernel's bf16 rounding: what sampling sees
-            assert torch.allclose(logits, fp32, rtol=0, atol=scale * 2**-6)
+        # every logit within the kernel's bf16 rounding: what sampling sees
+        assert torch.allclose(logits, fp32, rtol=0, atol=scale * 2**-6)
+    parts = head.approx.parts(x)  # each kernel logit within its error bound of the exact one
+    total = parts[0] + parts[1] if len(parts) == 2 else parts[0]
+    bound = head._error_bound(x, head._magnitudes(parts, total), head.kernel_error, head.kernel_norm)
+    assert ((total.float() - fp32).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
+def test_the_quantized_heads_greedy_choice_is_exact_among_any_allowed_tokens(kind):
+    """With two candidates a row's best token, or its best allowed one (token healing's
+    constraint), is mostly outside them: the error bound finds it, and it is computed exactly."""
+    vocab = 1024
+    rng = np.random.default_rng(12)
+    head = QuantizedHead(decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN)))
+    head.CANDIDATES, head.greedy_only = 2, True
+    x = torch.randn(24, IN)
+    fp32 = x @ head.rows(torch.arange(vocab)).t()
+    allowed = [torch.from_numpy(rng.choice(vocab, size=n, replace=False)) for n in (1, 3, 40, 700) * 5]
+    allowed += [None] * 4
+    logits = head(x, allowed)
+    for row, ids in enumerate(allowed):
+        ids = torch.arange(vocab) if ids is None else ids
+        assert ids[logits[row, ids].argmax()] == ids[fp32[row, ids].argmax()], row
+        assert logits[row].argmax() == fp32[row].argmax(), row  # and the row's own best token
+    assert head.repaired > 0
 
 
 def test_a_two_term_weight_keeps_its_sum_with_the_group_means_moved_into_the_leading_term():

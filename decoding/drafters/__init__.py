@@ -21,11 +21,14 @@ def make_drafter(
     cost: CostModel | None = None,
     max_draft: int = 16,
     session_cache_bytes: int = 0,
+    target_vocab: int | None = None,
 ) -> Drafter | None:
     """``none`` gives None (plain decoding); ``model`` needs ``draft_model``, ``head`` a
     ``draft_head``; ``auto`` chooses among whichever of them it is given and the n-gram source.
 
-    ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only)."""
+    ``session_cache_bytes`` bounds the draft model's per-document KV caches (0: one cache only).
+    ``target_vocab`` is the target's output size, which a draft model's proposals and q rows are
+    fitted to (None: the draft's own; pass it whenever the two may differ)."""
     if name == "none":
         return None
     if name == "ngram":
@@ -39,13 +42,21 @@ def make_drafter(
         if draft_model is None:
             raise ValueError("the 'model' drafter needs a draft model (--draft-model)")
         return ModelDrafter(
-            draft_model, max_draft=max_draft, cost=cost, session_cache_bytes=session_cache_bytes
+            draft_model,
+            max_draft=max_draft,
+            cost=cost,
+            session_cache_bytes=session_cache_bytes,
+            target_vocab=target_vocab,
         )
     if name == "auto":
         model = None
         if draft_model is not None:
             model = ModelDrafter(
-                draft_model, max_draft=max_draft, cost=cost, session_cache_bytes=session_cache_bytes
+                draft_model,
+                max_draft=max_draft,
+                cost=cost,
+                session_cache_bytes=session_cache_bytes,
+                target_vocab=target_vocab,
             )
         return AutoDrafter(NgramDrafter(max_draft=max_draft, cost=cost), model, cost=cost, head=draft_head)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")

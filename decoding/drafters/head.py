@@ -21,6 +21,10 @@ probabilities is the chance that a whole chain is kept. Where ``auto`` drafts fr
 goes on while that chance beats what one more token costs (its share of a wider verify pass and
 a head step, ``_worth``), as EAGLE-2 sizes its drafts by confidence, and stops (possibly before
 the first token) where it does not.
+That is decided before each token is drawn, from what the draw does not change: a sampled
+token dropped for its own low probability would come from q restricted to the likely tokens
+while the engine's acceptance rule is told q, a biased output. A greedy draft is weighed by the
+head's confidence in its best token, a sampled one by the chance that two draws from q agree.
 
 What a proposal costs on the CPU is reading the head's weights and its tokens' output rows:
 after a target pass has streamed ~100 MB through the caches they come from memory again. So the
@@ -269,29 +273,33 @@ class HeadDrafter:
         rows = output_rows.to(self.dtype)
         return lambda g: (rows @ g.to(rows.dtype)).float()
 
-    def _choose(
-        self, g: torch.Tensor, allowed: torch.Tensor | None = None
-    ) -> tuple[int, float, torch.Tensor | None]:
-        """The draft token after g, the head's probability for it, and (sampling) the
-        full-vocabulary distribution it was drawn from: greedy over the head's tokens (those of
-        them healing ``allowed``, greedy only), or sampled from the distribution they make
-        (every other token -inf)."""
+    def _scores(self, g: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 scores of the head's tokens after g; those healing does not allow (``allowed``,
+        greedy only) -inf."""
         scores = self._score(g)
-        vocab = self.head.vocab
         if allowed is not None:
             scores = torch.full_like(scores, float("-inf")).index_copy_(0, allowed, scores[allowed])
-        if self._sampling.greedy:
-            best = int(scores.argmax())
-            tempered = (scores - scores[best]) / self.head.config.confidence_temperature
-            confidence = float(1.0 / torch.exp(tempered).sum())
-            return (int(vocab[best]) if len(vocab) else best), confidence, None
-        logits = scores = scores.cpu()  # drawn with the engine's generator, on the CPU
-        if len(vocab):
+        return scores
+
+    def _confidence(self, scores: torch.Tensor) -> float:
+        """The head's probability for its best token, under its fitted temperature: how often
+        such a token is kept (the module's docstring)."""
+        tempered = (scores - scores.max()) / self.head.config.confidence_temperature
+        return float(1.0 / torch.exp(tempered).sum())
+
+    def _distribution(self, scores: torch.Tensor) -> torch.Tensor:
+        """The full-vocabulary distribution a sampled draft token is drawn from: the head's
+        tokens' scores shaped as the generation samples (every other token -inf), on the CPU
+        where the engine's generator draws."""
+        logits = scores = scores.cpu()
+        if len(self.head.vocab):
             logits = torch.full((self.vocab_size,), float("-inf"))
             logits[self._vocab_on_cpu] = scores
-        q = sampling_probs(logits, self._sampling)
-        token = sample(q, self._generator)
-        return token, float(q[token]), q
+        return sampling_probs(logits, self._sampling)
+
+    def _best(self, scores: torch.Tensor) -> int:
+        best = int(scores.argmax())
+        return int(self.head.vocab[best]) if len(self.head.vocab) else best
 
     # -- proposing ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -315,10 +323,16 @@ class HeadDrafter:
             allowed = self._rows_allowed(drafted) if steered else None
             if allowed is not None and not len(allowed):
                 break  # healing allows none of the head's tokens
-            token, confidence, q = self._choose(g, allowed)
-            chance *= confidence
+            scores = self._scores(g, allowed)
+            # How far to draft is decided before drawing: a sampled token kept or dropped by
+            # its own probability would come from q restricted to the likely tokens, not from
+            # the q the engine's acceptance rule is given (a biased output). A sampled draft is
+            # weighed by the chance that two draws from q agree, a greedy one by its confidence.
+            q = None if self._sampling.greedy else self._distribution(scores)
+            chance *= self._confidence(scores) if q is None else float(q.square().sum())
             if confident and not self._worth(i, chance):
                 break
+            token = self._best(scores) if q is None else sample(q, self._generator)
             drafted.append(token)
             if q is not None:
                 rows.append(q)

@@ -4,6 +4,12 @@ The cache is kept between proposals and rolled back by comparing the sequence th
 in with the tokens the cache holds: rejected draft tokens are cropped off, accepted ones are
 already there, and only the target's correction token has to be fed. With sessions (documents),
 each keeps its own cache in a ``PrefixCache``, so switching documents doesn't re-feed a prompt.
+
+The draft's output layer may be another size than the target's over the same tokenizer (Qwen2.5-Coder
+0.5B has fewer rows than 7B, which it drafts for): its logits are fitted to the target's width
+before a token is chosen, so it never proposes an id the target has no row for, and its q rows
+are the target's width, with probability 0 where the draft has no row. Ids the target writes that
+the draft has no embedding for are fed to it clamped: it drafts worse after them, never wrongly.
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ class ModelDrafter:
         max_draft: int = 8,
         cost: CostModel | None = None,
         session_cache_bytes: int = 0,
+        target_vocab: int | None = None,
     ) -> None:
         self.draft = draft
+        # The target's output size: the ids it can verify, and the width of q (None: the draft's).
+        self.target_vocab = int(target_vocab or draft.vocab_size)
         self.max_draft = max_draft
         self.cost = cost or CostModel.for_device(draft.device.type)
         self.stats = AcceptanceStats(priors={0: 0.6})
@@ -81,9 +90,25 @@ class ModelDrafter:
         return len(tokens) - min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
 
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
-        logits = self.draft.forward(tokens, self._cache, keep=1)
+        """Feed ``tokens``; the next-token logits over the target's ids (``_fit``)."""
+        logits = self.draft.forward(self._feedable(tokens), self._cache, keep=1)
         self._cached.extend(tokens)
-        return logits[-1]
+        return self._fit(logits[-1])
+
+    def _feedable(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` with ids past the draft's table clamped to its last row: the cache then
+        depends on the token sequence alone, so rolling it back by comparing tokens stays right."""
+        last = self.draft.vocab_size - 1
+        return [min(int(token), last) for token in tokens]
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` cut or padded to the target's width: the draft's ids the target lacks are
+        dropped before choosing, and the ids the draft lacks get -inf (probability 0 in q)."""
+        width = logits.shape[-1]
+        if width >= self.target_vocab:
+            return logits[..., : self.target_vocab]
+        pad = logits.new_full((*logits.shape[:-1], self.target_vocab - width), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
 
     def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
         """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""

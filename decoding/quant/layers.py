@@ -18,6 +18,9 @@ rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -49,11 +52,16 @@ class Int4Linear(torch.nn.Module):
     def _term(self, x: torch.Tensor, index: int) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[index], GROUP, self.scales[index])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each term's product, bf16 (their sum is ``forward``'s result)."""
         x = x.to(torch.bfloat16)
-        out = self._term(x, 0)
-        for index in range(1, len(self.packed)):
-            out = out + self._term(x, index)
+        return [self._term(x, index) for index in range(len(self.packed))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.parts(x)
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
         return out
 
     def nbytes(self) -> int:
@@ -79,35 +87,44 @@ class DenseLinear(torch.nn.Module):
         return self.weight.nbytes
 
 
+class DenseHead(DenseLinear):
+    """A dense output layer: exact logits for every token, whatever a row allows."""
+
+    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        return super().forward(x)
+
+
 class QuantizedHead(torch.nn.Module):
-    """The output layer on 4-bit terms, with exact fp32 logits where they decide anything.
+    """The output layer on 4-bit terms, with exact fp32 logits wherever they decide anything.
 
     The output layer is the largest product of a step (49152 x 576 for SmolLM2): dense fp32 it
     streams 113 MB a step, several times what the 4-bit kernel reads. But the kernel returns
     bf16, whose rounding of logits near 20 (steps of 1/8) changes the greedy choice at ~2.5% of
     positions. So the kernel's logits only pick the ``CANDIDATES`` most likely tokens per row,
-    and those are recomputed in fp32 from the file's exact values: the greedy choice is then
-    the fp32 layer's (measured: the same next-token agreement with the dequantized fp32 model,
-    99.2%, as the dense fp32 layer), the other logits stay the kernel's. Every step is per row,
-    so the layer stays batch-invariant. The same table serves the input embedding lookup.
+    and those are recomputed in fp32 from the file's exact values; the other logits stay the
+    kernel's. Every step is per row, so the layer stays batch-invariant. The same table serves
+    the input embedding lookup.
 
-    Picking candidates needs only a ranking. A weight of two terms (Q8_0, what GGUF files keep
-    the output layer in) is kept as a leading term with each group's mean of the other folded
-    into its zero, plus that other term less its means (``ranked_terms``; the same sum). When
-    only each row's greedy token matters (``greedy_only``, which the engine sets for greedy
-    generations) the leading term alone ranks the tokens: half the bytes a step reads (0.39
-    against 0.99 ms here), and the logits outside the candidates are then 4-bit approximations.
-    They decide nothing greedy, and sampling never sees them: it gets both terms, as before.
-    ``benchmarks/head_ranking.py`` measures how often the fp32 layer's greedy token is among
-    the leading term's candidates on real code (every time in 32k positions; at worst 36th).
+    A greedy choice must be the exact layer's, never an approximation's, whatever restricts it
+    (token healing allows only the tokens that spell the text still owed, ``allowed``, and a
+    rare prefix may allow none of the unrestricted candidates). So the candidates are ranked
+    among each row's allowed tokens, and where only greedy choices are read (``greedy_only``,
+    set by the engine for greedy generations) the choice is certified: each token's kernel
+    logit is within a bound of its exact one (``_error_bound``: the kernel's weights against the
+    file's, bf16 activations, bf16 results), so a token outside the candidates can beat the best
+    candidate only where its kernel logit plus that bound reaches it; any such token gets its
+    exact logit too. The bound needs both terms of a Q8_0 layer: the leading 4-bit term alone is
+    off by a logit on average, and its bound would send most of the vocabulary to exact
+    recomputation (``benchmarks/head_ranking.py`` counts the tokens recomputed).
     """
 
-    CANDIDATES = 128  # the fp32 greedy token ranked at worst 36th on 32k held-out positions
+    CANDIDATES = 128
 
     def __init__(self, tensor: QuantTensor) -> None:
         super().__init__()
         assert tensor.terms is not None
-        self.approx = Int4Linear(ranked_terms(tensor.terms))
+        terms = ranked_terms(tensor.terms)
+        self.approx = Int4Linear(terms)
         self.greedy_only = False
         self.out_features, self.in_features = tensor.shape
         if len(tensor.terms) == 2:  # Q8_0 split as 16 * (hi - 8) + lo: the int8 values again
@@ -119,6 +136,9 @@ class QuantizedHead(torch.nn.Module):
             (term,) = tensor.terms
             self.values, self.offset = torch.from_numpy(term.q), 8
             self.scale, self.zero = torch.from_numpy(term.scale), torch.from_numpy(term.zero)
+        self.kernel_error, self.kernel_norm = self._kernel_norms(terms)
+        self.worst_norms = (self.kernel_error.max(), self.kernel_norm.max())
+        self.repaired = 0  # tokens whose exact logits a bound asked for (tests and benchmarks read it)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """The exact fp32 weights of rows ``index`` (any shape), shape ``(*index.shape, in)``."""
@@ -130,15 +150,138 @@ class QuantizedHead(torch.nn.Module):
             grouped += self.zero[index].unsqueeze(-1)
         return grouped.view(*index.shape, self.in_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = (self.approx.leading(x) if self.greedy_only else self.approx(x)).float()
-        top = logits.topk(min(self.CANDIDATES, self.out_features), dim=-1).indices  # (rows, CANDIDATES)
-        exact = (self.rows(top) * x.float().unsqueeze(1)).sum(-1)
-        return logits.scatter_(1, top, exact)
+    def _kernel_norms(self, terms: list[Int4Term], chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per output row: the norm of (the file's weights less the kernel's, whose scales and
+        zeros are bf16) and the norm of the kernel's weights; in slices, not a dense copy."""
+        error, norm = [], []
+        for first in range(0, self.out_features, chunk):
+            part = slice(first, first + chunk)
+            kernel = sum(_bf16_scaled(Int4Term(t.q[part], t.scale[part], t.zero[part])) for t in terms)
+            exact = self.rows(torch.arange(first, min(first + chunk, self.out_features)))
+            error.append((exact - kernel).norm(dim=1))
+            norm.append(kernel.norm(dim=1))
+        return torch.cat(error), torch.cat(norm)
+
+    def _error_bound(
+        self, x: torch.Tensor, results: torch.Tensor, error: torch.Tensor, norm: torch.Tensor
+    ) -> torch.Tensor:
+        """How far a kernel logit can be from the exact one, by Cauchy-Schwarz on each source of
+        rounding: the kernel's weights (``error``: the norm of the file's weights less the
+        kernel's), x rounded to bf16 and the kernel's bf16 weights and fp32 sums (a relative
+        2^-8 and n 2^-23 of |w||x|, ``norm`` the kernel weights' norm), and each bf16 result
+        and their sum (``results``: their magnitudes added). Per token with the per-token
+        tables, (rows, out); for every token at once with their maxima, (rows, 1)."""
+        size = x.norm(dim=1, keepdim=True)
+        rounded = (x - x.to(torch.bfloat16).float()).norm(dim=1, keepdim=True)
+        bound = error * size + norm * (rounded + (2**-8 + self.in_features * 2**-23) * size)
+        return (bound + 2**-8 * 1.01 * results) * 1.01 + 1e-6
+
+    @staticmethod
+    def _magnitudes(parts: list[torch.Tensor], total: torch.Tensor) -> torch.Tensor:
+        """Per token, the magnitudes of each term's bf16 result and of their sum, added."""
+        results = total.float().abs()
+        for part in parts:
+            results += part.float().abs()
+        return results
+
+    def _exact(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Exact fp32 logits of tokens ``ids`` (rows, n) for the rows of ``x``."""
+        return (self.rows(ids) * x.unsqueeze(1)).sum(-1)
+
+    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Logits (rows, out) fp32, exact for each row's candidates, and for its candidates among
+        its ``allowed`` tokens (rows past its end, or None: every token); under ``greedy_only``
+        exact for every token that could be the row's greedy choice, over all tokens and over
+        the allowed ones (healing needs both: the allowed choice, and whether it is the model's
+        own)."""
+        x = x.float()
+        parts = self.approx.parts(x)
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        logits = total.float()
+        rankings = [logits] if allowed is None else [logits, _restricted(logits, allowed)]
+        count = min(self.CANDIDATES, self.out_features)
+        ranked = [ranking.topk(min(count + 1, self.out_features), dim=-1) for ranking in rankings]
+        top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
+        exact = self._exact(top, x)
+        unsure = self._unsure(x, parts, total, ranked, exact) if self.greedy_only else top[:0, 0]
+        uppers = []
+        if len(unsure):  # bounded token by token, from the kernel's logits before they are replaced
+            results = self._magnitudes([part[unsure] for part in parts], total[unsure])
+            bound = self._error_bound(x[unsure], results, self.kernel_error, self.kernel_norm)
+            uppers = [ranking[unsure] + bound for ranking in rankings]
+        logits.scatter_(1, top, exact)
+        if len(unsure):
+            rows = logits[unsure]
+            self._certify(rows, uppers, top[unsure], x[unsure])
+            logits[unsure] = rows
+        return logits
+
+    def _unsure(
+        self,
+        x: torch.Tensor,
+        parts: list[torch.Tensor],
+        total: torch.Tensor,
+        ranked: list[Any],
+        exact: torch.Tensor,
+    ) -> torch.Tensor:
+        """The rows whose greedy choice (among each ranking's candidates, ``exact`` their logits
+        in ranking order) the bound for every token at once cannot certify: where the best
+        candidate beats the best kernel logit outside them by that bound, no token outside can
+        beat it. Almost every row passes, for a few reductions instead of a bound per token."""
+        results = total.float().abs().amax(1, keepdim=True)
+        for part in parts:
+            results += part.float().abs().amax(1, keepdim=True)
+        margin = self._error_bound(x, results, *self.worst_norms)[:, 0]
+        sure = torch.ones(x.shape[0], dtype=torch.bool)
+        count = exact.shape[1] // len(ranked)
+        for i, ranking in enumerate(ranked):
+            values = ranking.values
+            outside = values[:, count] if values.shape[1] > count else torch.full_like(margin, float("-inf"))
+            candidates = exact[:, i * count : (i + 1) * count]
+            best = candidates.masked_fill(values[:, :count] == float("-inf"), float("-inf")).amax(1)
+            sure &= best >= outside + margin
+        return torch.nonzero(~sure).flatten()
+
+    def _certify(
+        self, logits: torch.Tensor, uppers: list[torch.Tensor], top: torch.Tensor, x: torch.Tensor
+    ) -> None:
+        """Exact logits, in place, for every token outside ``top`` whose bound in one of
+        ``uppers`` reaches the best exact candidate under that bound (-inf: tokens it excludes)."""
+        contenders = torch.zeros_like(logits, dtype=torch.bool)
+        for upper in uppers:
+            counted = upper.gather(1, top) > float("-inf")
+            best = logits.gather(1, top).masked_fill(~counted, float("-inf")).amax(1, keepdim=True)
+            contenders |= (upper >= best) & (upper > float("-inf"))
+        contenders.scatter_(1, top, False)
+        rows, ids = torch.nonzero(contenders, as_tuple=True)
+        if len(rows):
+            self.repaired += len(rows)
+            logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
 
     def nbytes(self) -> int:
         extra = self.zero.nbytes if self.zero is not None else 0
-        return self.approx.nbytes() + self.values.nbytes + self.scale.nbytes + extra
+        tables = self.kernel_error.nbytes + self.kernel_norm.nbytes
+        return self.approx.nbytes() + self.values.nbytes + self.scale.nbytes + extra + tables
+
+
+def _restricted(logits: torch.Tensor, allowed: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """``logits`` with every token a row does not allow at -inf (rows past ``allowed``, or None:
+    all allowed)."""
+    restricted = logits.clone()
+    for row, ids in enumerate(allowed):
+        if ids is not None:
+            restricted[row] = float("-inf")
+            restricted[row, ids] = logits[row, ids]
+    return restricted
+
+
+def _bf16_scaled(term: Int4Term) -> torch.Tensor:
+    """A term's weights as the kernel computes them: its scales and zeros rounded to bf16."""
+    scale = torch.from_numpy(term.scale).to(torch.bfloat16).float().repeat_interleave(GROUP, dim=1)
+    zero = torch.from_numpy(term.zero).to(torch.bfloat16).float().repeat_interleave(GROUP, dim=1)
+    return (torch.from_numpy(term.q.astype(np.float32)) - 8) * scale + zero
 
 
 def ranked_terms(terms: list[Int4Term]) -> list[Int4Term]:

@@ -184,6 +184,16 @@ class ContextBuilder:
         self.snippets = SnippetIndex()
         self.shown: dict[str, Shown] = {}  # by document
 
+    def state(self, uri: str) -> Shown | None:
+        """What besides the request decides ``uri``'s next prompt: the rows its last prompt showed.
+
+        The same request built from the same state gives the same prompt, and a prompt whose rows
+        fit leaves the state that builds it again (its rows, kept as they are); one that did not
+        fit leaves none, and the same request then chooses its rows afresh, perhaps otherwise.
+        The answer memory keys on it (``lsp_server.reuse``); the event loop may read it, as it is
+        a frozen value replaced whole."""
+        return self.shown.get(uri) if uri else None
+
     def forget(self, uri: str) -> None:
         """``uri`` was closed: its parse tree, snippet windows and shown rows are dropped (worker
         thread)."""
