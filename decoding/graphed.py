@@ -58,6 +58,9 @@ class GraphedLayer:
     ffn_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    qkv_bias: torch.Tensor | None = None  # as in ``LlamaLayer``
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 class GraphedCache:
@@ -237,12 +240,17 @@ class GraphedForward:
     ) -> torch.Tensor:
         """One layer's attention; ``keys``/``values``: its (kv_heads, capacity, head_dim) cache."""
         s, rows = self.shape, self.width
-        qkv = F.linear(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps), layer.qkv)
+        qkv = F.linear(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps), layer.qkv, layer.qkv_bias)
+        qkv = qkv.view(rows, s.heads + 2 * s.kv_heads, s.head_dim)
         rotated = s.heads + s.kv_heads
-        qk = qkv[:, : rotated * s.head_dim].float().view(rows, rotated, s.head_dim // 2, 2)
+        qk = qkv[:, :rotated]
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = F.rms_norm(qk[:, : s.heads], (s.head_dim,), layer.q_norm, s.norm_eps)
+            qk = torch.cat([q, F.rms_norm(qk[:, s.heads :], (s.head_dim,), layer.k_norm, s.norm_eps)], 1)
+        qk = qk.float().reshape(rows, rotated, s.head_dim // 2, 2)
         qk = torch.view_as_real(torch.view_as_complex(qk) * rotary).view(rows, rotated, s.head_dim)
         qk = qk.to(self.dtype)
-        v = qkv[:, rotated * s.head_dim :].view(rows, s.kv_heads, s.head_dim)
+        v = qkv[:, rotated:]
         keys.index_copy_(1, self._positions, qk[:, s.heads :].transpose(0, 1))
         values.index_copy_(1, self._positions, v.transpose(0, 1))
         # Query heads sharing a kv head are stacked as rows: (1, kv_heads, group * rows, head_dim),
@@ -251,7 +259,7 @@ class GraphedForward:
         q = q.reshape(1, s.kv_heads, s.group * rows, s.head_dim)
         attended = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, scale=1.0)
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
-        return F.linear(merged.reshape(rows, s.dim), layer.out)
+        return F.linear(merged.reshape(rows, s.attention_dim), layer.out)
 
     def _feed_forward(self, layer: GraphedLayer, h: torch.Tensor) -> torch.Tensor:
         s = self.shape
@@ -263,8 +271,8 @@ class GraphedForward:
 def _layer(layer, device: torch.device, dtype: torch.dtype) -> GraphedLayer:
     """A ``LlamaLayer`` of dense fp32 layers (``DenseLinear``) moved to ``device`` in ``dtype``."""
 
-    def move(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device, dtype).contiguous()
+    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device, dtype).contiguous()
 
     return GraphedLayer(
         attn_norm=move(layer.attn_norm),
@@ -273,6 +281,9 @@ def _layer(layer, device: torch.device, dtype: torch.dtype) -> GraphedLayer:
         ffn_norm=move(layer.ffn_norm),
         gate_up=move(layer.gate_up.weight),
         down=move(layer.down.weight),
+        qkv_bias=move(layer.qkv_bias),
+        q_norm=move(layer.q_norm),
+        k_norm=move(layer.k_norm),
     )
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from gguf import quants
 
-from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, quantize_dense
+from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.quant.layers import INT4_N_MULTIPLE, DenseHead, QuantizedHead, concat_rows, linear_for
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,29 @@ PROBE_REFERENCE_ROWS = 256
 # Attention sums over keys in blocks of this many, in order: MKL splits a longer sum in ways that
 # depend on its length, so a row would not add up the same in a pass that attends to more keys.
 KEY_BLOCK = 256
-LLAMA_ARCHITECTURES = ("llama",)
+# GGUF architectures the lean forward covers: Llama's layout, optionally with q/k/v biases (Qwen2)
+# or per-head q/k norms (Qwen3). Where the value is True the file keeps q and k rows in the
+# rotate-half order of the model's own checkpoint (llama.cpp's NEOX rotary), which loading
+# permutes into adjacent pairs; llama's converter has already permuted them.
+LLAMA_ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True}
+# Per-layer GGUF tensors the lean forward reads; a layer holding any other (an output bias, a
+# fused q/k/v, experts, extra norms) is another architecture's.
+LAYER_TENSORS = {
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+    "attn_q_norm.weight",
+    "attn_k_norm.weight",
+}
 # Relative cost of a pass over n tokens (one token = 1.0), measured for SmolLM2-135M on its Q4_1
 # GGUF on the 2-core CPU (``benchmarks/pass_bench.py``): the 4-bit kernel dequantizes its weights
 # once per four rows, so cost climbs in steps of four. The engine's cost model starts from this and
@@ -91,10 +113,17 @@ class LlamaShape:
     rope_theta: float
     norm_eps: float
     max_context: int
+    head_size: int = 0  # per attention head; 0: dim // heads (Qwen3's heads are wider)
+    rope_scale: float = 1.0  # linear rotary scaling: positions are divided by it (DeepSeek-Coder)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.heads
+        return self.head_size or self.dim // self.heads
+
+    @property
+    def attention_dim(self) -> int:
+        """The width attention's output has, the output projection's input."""
+        return self.heads * self.head_dim
 
     @property
     def group(self) -> int:
@@ -109,6 +138,9 @@ class LlamaLayer:
     ffn_norm: torch.Tensor
     gate_up: torch.nn.Module
     down: torch.nn.Module
+    qkv_bias: torch.Tensor | None = None  # fp32, q, k and v's biases in order (Qwen2)
+    q_norm: torch.Tensor | None = None  # fp32 (head_dim,): RMS norms of each query and key head
+    k_norm: torch.Tensor | None = None  # before rotary (Qwen3)
 
 
 Embedding = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
@@ -122,6 +154,20 @@ class DenseEmbedding:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         return self.table[ids]
+
+
+class BlockEmbedding:
+    """An embedding table looked up in a GGUF's own blocks (memory-mapped): each lookup
+    dequantizes just its rows, exactly as the gguf package does, so a large untied table takes
+    no fp32 copy (Qwen2.5-Coder-7B's would be 2.2 GB)."""
+
+    def __init__(self, blocks: np.ndarray, kind: Any, width: int) -> None:
+        self.blocks, self.kind, self.width = blocks, kind, width  # blocks: (rows, bytes per row)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.blocks[ids.reshape(-1).numpy()]
+        values = quants.dequantize(rows, self.kind).astype(np.float32).reshape(*ids.shape, self.width)
+        return torch.from_numpy(values)
 
 
 class KVCache:
@@ -205,7 +251,8 @@ class LlamaForward:
         self.cost_prior = dict(COST_PRIOR)
         half = shape.head_dim // 2
         freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
-        angles = torch.outer(torch.arange(shape.max_context, dtype=torch.float64), freqs)
+        positions = torch.arange(shape.max_context, dtype=torch.float64) / shape.rope_scale
+        angles = torch.outer(positions, freqs)
         self.rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
         # q's rows also take the attention scale (applied with the rotation), k's rows do not,
         # and v's are not rotated: they are multiplied by exactly 1 + 0i, which leaves them as
@@ -283,9 +330,9 @@ class LlamaForward:
         end: int,
     ) -> torch.Tensor:
         s, rows = self.shape, h.shape[0]
-        qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
+        qkv = projected_heads(layer, s, F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
         all_heads = s.heads + 2 * s.kv_heads
-        qkv = torch.view_as_complex(qkv.float().view(rows, all_heads, s.head_dim // 2, 2)) * rotary
+        qkv = torch.view_as_complex(qkv.view(rows, all_heads, s.head_dim // 2, 2)) * rotary
         qkv = torch.view_as_real(qkv).view(rows, all_heads, s.head_dim)  # q and k rotated, v as is
         kv = cache.layer(index)
         kv[:, start:end] = qkv[:, s.heads :].transpose(0, 1)
@@ -301,7 +348,7 @@ class LlamaForward:
         scores[:, : s.group * rows].view(s.kv_heads, s.group, rows, span).add_(mask)
         attended = self._weighted_values(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
-        return layer.out(merged.reshape(rows, s.dim))
+        return layer.out(merged.reshape(rows, s.attention_dim))
 
     @staticmethod
     def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -319,6 +366,22 @@ class LlamaForward:
         s = self.shape
         gate, up = layer.gate_up(F.rms_norm(h, (s.dim,), layer.ffn_norm, s.norm_eps)).split(s.ffn, dim=-1)
         return layer.down(F.silu(gate) * up)
+
+
+def projected_heads(layer: LlamaLayer, shape: LlamaShape, normed: torch.Tensor) -> torch.Tensor:
+    """q, k and v heads of ``normed`` rows, fp32 (rows, heads + 2 kv_heads, head_dim): the
+    projection, its biases where the model has them, and each query and key head's own RMS norm
+    where it has those. Every step acts on each row alone."""
+    qkv = layer.qkv(normed).float()
+    if layer.qkv_bias is not None:
+        qkv = qkv + layer.qkv_bias
+    qkv = qkv.view(normed.shape[0], shape.heads + 2 * shape.kv_heads, shape.head_dim)
+    if layer.q_norm is None or layer.k_norm is None:
+        return qkv
+    rotated = shape.heads + shape.kv_heads
+    q = F.rms_norm(qkv[:, : shape.heads], (shape.head_dim,), layer.q_norm, shape.norm_eps)
+    k = F.rms_norm(qkv[:, shape.heads : rotated], (shape.head_dim,), layer.k_norm, shape.norm_eps)
+    return torch.cat([q, k, qkv[:, rotated:]], dim=1)
 
 
 @functools.cache
@@ -362,13 +425,26 @@ def attention_row_floor(kv_heads: int, head_dim: int) -> int:
 
 
 # -- building one ----------------------------------------------------------------------------------
+def _pair_orders(shape: LlamaShape) -> dict[str, np.ndarray]:
+    """Row orders taking q's and k's rotate-half rows (and their biases) to adjacent pairs."""
+    return {
+        "q": _rope_order(shape.attention_dim, shape.heads),
+        "k": _rope_order(shape.kv_heads * shape.head_dim, shape.kv_heads),
+    }
+
+
 def _rope_order(rows: int, heads: int) -> np.ndarray:
     """Row order taking a transformers q/k projection (rotate-half pairs) to adjacent pairs."""
     return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
-def _assemble(shape: LlamaShape, weight, vector, embed: Embedding, head: torch.nn.Module) -> LlamaForward:
-    """``weight(name, i)`` gives a layer's QuantTensor, ``vector(name, i)`` a norm's fp32 weights."""
+def _assemble(
+    shape: LlamaShape, weight, vector, embed: Embedding, head: torch.nn.Module, optional=None
+) -> LlamaForward:
+    """``weight(name, i)`` gives a layer's QuantTensor, ``vector(name, i)`` a norm's fp32 weights,
+    ``optional(name, i)`` an fp32 bias (``q_bias``, ``k_bias``, ``v_bias``) or head norm
+    (``q_norm``, ``k_norm``) where the model has one, else None."""
+    optional = optional or (lambda name, i: None)
     layers = []
     for i in range(shape.layers):
         qkv = concat_rows([weight("q", i), weight("k", i), weight("v", i)])
@@ -381,11 +457,29 @@ def _assemble(shape: LlamaShape, weight, vector, embed: Embedding, head: torch.n
                 ffn_norm=vector("ffn_norm", i),
                 gate_up=linear_for(gate_up),
                 down=linear_for(weight("down", i)),
+                qkv_bias=_qkv_bias(shape, [optional(f"{x}_bias", i) for x in "qkv"]),
+                q_norm=optional("q_norm", i),
+                k_norm=optional("k_norm", i),
             )
         )
     return LlamaForward(shape, embed, layers, vector("norm", None), head)
 
 
+def _qkv_bias(shape: LlamaShape, biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """q, k and v's biases as one vector (a missing one zeros); None where the model has none."""
+    if all(b is None for b in biases):
+        return None
+    sizes = [shape.heads * shape.head_dim] + [shape.kv_heads * shape.head_dim] * 2
+    return torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes, strict=True)])
+
+
+GGUF_OPTIONAL = {
+    "q_bias": "attn_q.bias",
+    "k_bias": "attn_k.bias",
+    "v_bias": "attn_v.bias",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+}
 GGUF_NAMES = {
     "q": "attn_q",
     "k": "attn_k",
@@ -405,17 +499,22 @@ def _field(reader, key: str, default=None):
 
 
 def gguf_shape(reader) -> LlamaShape:
+    """The model's shape from a GGUF header; ``UnsupportedModel`` (with the reason) where the
+    lean forward does not cover it."""
     arch = _field(reader, "general.architecture")
     if arch not in LLAMA_ARCHITECTURES:
         raise UnsupportedModel(f"architecture {arch!r} (covered: {', '.join(LLAMA_ARCHITECTURES)})")
-    if _field(reader, f"{arch}.rope.scaling.type", "none") not in ("none", None):
-        raise UnsupportedModel("rotary scaling")
     tensors = {t.name: t for t in reader.tensors}
+    extra = {name.split(".", 2)[2] for name in tensors if name.startswith("blk.")} - LAYER_TENSORS
+    if extra:
+        raise UnsupportedModel(f"layer tensors {', '.join(sorted(extra))}")
     dim = int(_field(reader, f"{arch}.embedding_length"))
     heads = int(_field(reader, f"{arch}.attention.head_count"))
-    rope_dims = _field(reader, f"{arch}.rope.dimension_count", dim // heads)
-    if int(rope_dims) != dim // heads or "blk.0.attn_q.bias" in tensors:
-        raise UnsupportedModel("partial rotary or attention biases")
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", dim // heads))
+    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedModel("values of another width than keys")
+    if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModel("partial rotary")
     return LlamaShape(
         layers=int(_field(reader, f"{arch}.block_count")),
         dim=dim,
@@ -426,7 +525,18 @@ def gguf_shape(reader) -> LlamaShape:
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_context=int(_field(reader, f"{arch}.context_length", 2048)),
+        head_size=head_dim if head_dim != dim // heads else 0,
+        rope_scale=_rope_scale(_field(reader, f"{arch}.rope.scaling.type"), reader, arch),
     )
+
+
+def _rope_scale(kind: str | None, reader, arch: str) -> float:
+    """Linear rotary scaling's factor (1 without scaling); any other kind is not covered."""
+    if kind in (None, "none"):
+        return 1.0
+    if kind != "linear":
+        raise UnsupportedModel(f"rotary scaling {kind!r}")
+    return float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
 
 
 @dataclass(frozen=True)
@@ -439,7 +549,7 @@ class GgufTensor:
     nbytes: int
 
 
-def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor]]:
+def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor], bool]:
     """The model's shape and where each tensor lies, read with gguf's reader, which is dropped
     before any weight is built: it parses every metadata field (a tokenizer's ~100k strings)
     into ~150 MB of small arrays, and weights allocated among them kept ~10 MB of that heap
@@ -448,20 +558,23 @@ def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor]]:
 
     reader = GGUFReader(path)
     shape = gguf_shape(reader)
+    halves = LLAMA_ARCHITECTURES[_field(reader, "general.architecture")]
     index = {
         t.name: GgufTensor(t.tensor_type, tuple(int(d) for d in reversed(t.shape)), t.data_offset, t.n_bytes)
         for t in reader.tensors
     }
     del reader
     gc.collect()
-    return shape, index
+    return shape, index, halves
 
 
 def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows;
     ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
-    shape, index = gguf_index(path)
+    shape, index, halves = gguf_index(path)
     data = np.memmap(path, mode="r")
+    # Rows of q and k (and their biases and norms) in rotate-half order go into adjacent pairs.
+    pairs, pairs_in_head = _pair_orders(shape), _rope_order(shape.head_dim, 1)
 
     def raw(name: str) -> tuple[GgufTensor, np.ndarray]:
         t = index[name]
@@ -473,12 +586,24 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
         return QuantTensor(blocks.shape, blocks.kind, values=blocks.dense()) if dense else blocks
 
     def weight(kind: str, i: int) -> QuantTensor:
-        return tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+        loaded = tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+        return permute_rows(loaded, pairs[kind]) if halves and kind in pairs else loaded
+
+    def values(name: str) -> torch.Tensor:
+        t, raw_values = raw(name)
+        return torch.from_numpy(quants.dequantize(raw_values, t.kind).astype(np.float32).reshape(-1))
 
     def vector(kind: str, i: int | None) -> torch.Tensor:
-        name = "output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight"
-        t, values = raw(name)
-        return torch.from_numpy(quants.dequantize(values, t.kind).astype(np.float32).reshape(-1))
+        return values("output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+
+    def optional(kind: str, i: int) -> torch.Tensor | None:
+        name = f"blk.{i}.{GGUF_OPTIONAL[kind]}"
+        if name not in index:
+            return None
+        found, target = values(name), kind[0]
+        if halves and kind.endswith("_norm"):
+            return found[pairs_in_head]
+        return found[pairs[target]] if halves and target in pairs else found
 
     # The output layer: on the 4-bit kernel with exact fp32 logits for the likely tokens where
     # its type allows (``QuantizedHead``), else dense fp32 (exact for every type). Tied
@@ -489,61 +614,95 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
         head: torch.nn.Module = QuantizedHead(output)
     else:
         head = DenseHead(torch.from_numpy(output.dense()))
-    if not tied:
-        embed: Embedding = DenseEmbedding(torch.from_numpy(tensor("token_embd.weight").dense()))
+    if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
+        t, table = raw("token_embd.weight")
+        embed: Embedding = BlockEmbedding(table.reshape(t.shape[0], -1), t.kind, t.shape[-1])
     else:
         embed = head.rows if isinstance(head, QuantizedHead) else DenseEmbedding(head.weight)
-    forward = _assemble(shape, weight, vector, embed, head)
+    forward = _assemble(shape, weight, vector, embed, head, optional)
     forward.formats = "+".join(sorted({t.kind.name for t in index.values()}))
     return forward
 
 
-def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
-    """A transformers Llama, its linear layers quantized at load (``bits`` 4 or 8; 0 keeps them
-    dense fp32, which the tests use to check this forward against transformers')."""
-    config = model.config
+TRANSFORMERS_TYPES = ("llama", "qwen2", "qwen3")  # model types with the lean forward's layout
+
+
+def transformers_shape(config: Any) -> LlamaShape:
+    """The lean forward's shape for a transformers config; ``UnsupportedModel`` where it does
+    not cover the model (another layout, sliding windows, rotary scaling other than linear)."""
+    model_type = getattr(config, "model_type", "")
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": getattr(config, "rope_theta", 10000.0)}
-    if getattr(config, "model_type", "") != "llama" or rope.get("rope_type", "default") != "default":
-        raise UnsupportedModel(f"model type {getattr(config, 'model_type', '?')!r} with rope {rope}")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise UnsupportedModel("biases")
-    shape = LlamaShape(
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if model_type not in TRANSFORMERS_TYPES or rope_type not in ("default", "linear"):
+        raise UnsupportedModel(f"model type {model_type!r} with rope {rope}")
+    if getattr(config, "mlp_bias", False) or getattr(config, "use_sliding_window", False):
+        raise UnsupportedModel("biases in the feed-forward or sliding-window attention")
+    if model_type == "llama" and getattr(config, "attention_bias", False):
+        raise UnsupportedModel("an output projection bias")
+    dim, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or dim // heads
+    return LlamaShape(
         layers=config.num_hidden_layers,
-        dim=config.hidden_size,
-        heads=config.num_attention_heads,
+        dim=dim,
+        heads=heads,
         kv_heads=config.num_key_value_heads,
         ffn=config.intermediate_size,
         vocab=config.vocab_size,
         rope_theta=float(rope["rope_theta"]),
         norm_eps=config.rms_norm_eps,
         max_context=config.max_position_embeddings,
+        head_size=head_dim if head_dim != dim // heads else 0,
+        rope_scale=float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
     )
-    if shape.head_dim * shape.heads != shape.dim:
-        raise UnsupportedModel("head_dim other than hidden_size / heads")
+
+
+TRANSFORMERS_NAMES = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "q_norm": "self_attn.q_norm",
+    "k_norm": "self_attn.k_norm",
+}
+
+
+def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
+    """A transformers Llama, Qwen2 or Qwen3, its linear layers quantized at load (``bits`` 4 or
+    8; 0 keeps them dense fp32, which the tests use to check this forward against
+    transformers'). Its q and k rows (rotate-half pairs) are permuted into adjacent pairs."""
+    shape = transformers_shape(model.config)
     blocks = model.model.layers
-    names = {
-        "q": "self_attn.q_proj",
-        "k": "self_attn.k_proj",
-        "v": "self_attn.v_proj",
-        "o": "self_attn.o_proj",
-        "gate": "mlp.gate_proj",
-        "up": "mlp.up_proj",
-        "down": "mlp.down_proj",
-        "attn_norm": "input_layernorm",
-        "ffn_norm": "post_attention_layernorm",
-    }
+    pairs, head_norms = _pair_orders(shape), model.config.model_type == "qwen3"
 
     def weight(kind: str, i: int) -> QuantTensor:
-        w = blocks[i].get_submodule(names[kind]).weight.detach().float().numpy()
-        if kind in ("q", "k"):
-            w = w[_rope_order(w.shape[0], shape.heads if kind == "q" else shape.kv_heads)]
+        w = blocks[i].get_submodule(TRANSFORMERS_NAMES[kind]).weight.detach().float().numpy()
+        if kind in pairs:
+            w = w[pairs[kind]]
         if not bits or w.shape[1] % 32:
             return QuantTensor(w.shape, "F32", values=np.ascontiguousarray(w))
         return quantize_dense(w, bits)
 
     def vector(kind: str, i: int | None) -> torch.Tensor:
-        module = model.model.norm if i is None else blocks[i].get_submodule(names[kind])
+        module = model.model.norm if i is None else blocks[i].get_submodule(TRANSFORMERS_NAMES[kind])
         return module.weight.detach().float().clone()
+
+    def optional(kind: str, i: int) -> torch.Tensor | None:
+        layer = blocks[i]
+        if kind.endswith("_norm"):
+            if not head_norms:
+                return None
+            weights = layer.get_submodule(TRANSFORMERS_NAMES[kind]).weight.detach().float()
+            return weights[_rope_order(shape.head_dim, 1)].clone()
+        bias = layer.get_submodule(TRANSFORMERS_NAMES[kind[0]]).bias
+        if bias is None:
+            return None
+        values = bias.detach().float()
+        return values[pairs[kind[0]]].clone() if kind[0] in pairs else values.clone()
 
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     head_weight = model.lm_head.weight.detach().float()
@@ -555,7 +714,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
     else:
         head = DenseHead(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
-    forward = _assemble(shape, weight, vector, embed, head)
+    forward = _assemble(shape, weight, vector, embed, head, optional)
     forward.formats = f"int{bits}" if bits else "F32"
     return forward
 

@@ -36,19 +36,32 @@ def random_blocks(kind: QType, rng: np.random.Generator, out: int = OUT) -> np.n
     """Raw bytes of an (out, IN) tensor of ``kind``: quantized with the gguf package where it can,
     random bytes with sane fp16 scales where it only dequantizes (K-quants)."""
     weights = rng.standard_normal((out, IN)).astype(np.float32)
-    if kind in (QType.Q4_0, QType.Q4_1, QType.Q8_0):
+    if kind in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0):
         return quants.quantize(weights, kind)
     block_size, type_size = quants.GGML_QUANT_SIZES[kind]
     raw = rng.integers(0, 256, (out * IN // block_size, type_size), dtype=np.uint8)
     scales = rng.uniform(0.001, 0.05, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if kind == QType.Q4_K:
-        raw[:, 0:4] = scales.reshape(-1, 4)  # d, dmin
-    elif kind == QType.Q6_K:
-        raw[:, -2:] = scales[:, :2]  # d
+    where = {QType.Q4_K: 0, QType.Q5_K: 0, QType.Q6_K: 208, QType.Q3_K: 108, QType.Q2_K: 80}[kind]
+    raw[:, where : where + 4] = scales.reshape(-1, 4)[:, : min(4, type_size - where)]  # d (and dmin)
     return raw.reshape(out, -1)
 
 
-@pytest.mark.parametrize("kind", [QType.Q4_0, QType.Q4_1, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.F16])
+# Every GGUF type the lean forward multiplies on the 4-bit kernel, and how many terms each takes.
+INT4_KINDS = {
+    QType.Q4_0: 1,
+    QType.Q4_1: 1,
+    QType.Q5_0: 2,
+    QType.Q5_1: 2,
+    QType.Q8_0: 2,
+    QType.Q2_K: 1,
+    QType.Q3_K: 1,
+    QType.Q4_K: 1,
+    QType.Q5_K: 2,
+    QType.Q6_K: 2,
+}
+
+
+@pytest.mark.parametrize("kind", [*INT4_KINDS, QType.F16])
 def test_gguf_blocks_decode_to_the_gguf_packages_own_values(kind):
     rng = np.random.default_rng(int(kind))
     raw = (
@@ -61,10 +74,10 @@ def test_gguf_blocks_decode_to_the_gguf_packages_own_values(kind):
     assert (tensor.terms is not None) == supports_int4(kind)
     if tensor.terms is not None:
         assert all(t.q.min() >= 0 and t.q.max() <= 15 for t in tensor.terms)
-        assert len(tensor.terms) == (2 if kind == QType.Q8_0 else 1)
+        assert len(tensor.terms) == INT4_KINDS[kind]
     # The terms' values are the file's: equal, up to one rounding of zero = m + 8d or 8 d sc - dmin m.
     np.testing.assert_allclose(tensor.dense(), want, rtol=0, atol=float(np.abs(want).max()) * 2**-22)
-    if kind in (QType.Q4_0, QType.Q8_0, QType.Q6_K, QType.F16):
+    if kind in (QType.Q4_0, QType.Q8_0, QType.F16):
         assert np.array_equal(tensor.dense(), want)  # no zero term to round: exact
 
 
@@ -73,7 +86,7 @@ def kernel_weights(layer: Int4Linear) -> torch.Tensor:
     return layer(torch.eye(layer.in_features)).float().t()
 
 
-@pytest.mark.parametrize("kind", [QType.Q4_1, QType.Q8_0, QType.Q4_K])
+@pytest.mark.parametrize("kind", list(INT4_KINDS))
 def test_int4_layer_multiplies_with_the_files_values_up_to_bf16_scales(kind):
     rng = np.random.default_rng(7)
     tensor = decode_tensor(random_blocks(kind, rng), kind, (OUT, IN))
@@ -88,15 +101,17 @@ def test_int4_layer_multiplies_with_the_files_values_up_to_bf16_scales(kind):
     assert torch.allclose(layer(x).float(), close.t(), rtol=0.05, atol=0.05 * close.abs().max().item())
 
 
-@pytest.mark.parametrize("make", ["int4", "int8", "dense"])
+@pytest.mark.parametrize("make", ["int4", "int8", "dense", "Q6_K", "Q5_K", "Q2_K"])
 def test_every_row_is_computed_as_if_it_were_alone(make):
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((OUT * 3, IN)).astype(np.float32)
-    layer = (
-        DenseLinear(torch.from_numpy(weight))
-        if make == "dense"
-        else linear_for(quantize_dense(weight, 4 if make == "int4" else 8))
-    )
+    if make == "dense":
+        layer = DenseLinear(torch.from_numpy(weight))
+    elif make in ("int4", "int8"):
+        layer = linear_for(quantize_dense(weight, 4 if make == "int4" else 8))
+    else:  # K-quants: two padded terms, two plain ones, one padded, each one fused product
+        kind = QType[make]
+        layer = linear_for(decode_tensor(random_blocks(kind, rng, OUT * 3), kind, (OUT * 3, IN)))
     x = torch.randn(256, IN)
     full = layer(x)
     for rows in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 100):
@@ -104,14 +119,15 @@ def test_every_row_is_computed_as_if_it_were_alone(make):
         assert torch.equal(layer(x[start : start + rows]), full[start : start + rows]), rows
 
 
-@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
+@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K, QType.Q6_K, QType.Q5_K])
 def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     vocab = 1024  # more tokens than candidates
     rng = np.random.default_rng(11)
     tensor = decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN))
     head = QuantizedHead(tensor)
     exact_rows = head.rows(torch.arange(vocab))
-    assert torch.allclose(exact_rows, torch.from_numpy(tensor.dense()), rtol=0, atol=1e-6)
+    dense = torch.from_numpy(tensor.dense())  # up to one rounding of each group's zero
+    assert torch.allclose(exact_rows, dense, rtol=0, atol=dense.abs().max().item() * 2**-22)
     if kind == QType.Q8_0:  # the int8 values and their scales again: exact
         raw = random_blocks(kind, np.random.default_rng(11), vocab)
         assert torch.equal(exact_rows, torch.from_numpy(quants.dequantize(raw, kind).reshape(vocab, IN)))
@@ -134,7 +150,7 @@ def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     assert ((total.float() - fp32).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K])
+@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q4_1, QType.Q4_K, QType.Q6_K])
 def test_the_quantized_heads_greedy_choice_is_exact_among_any_allowed_tokens(kind):
     """With two candidates a row's best token, or its best allowed one (token healing's
     constraint), is mostly outside them: the error bound finds it, and it is computed exactly."""

@@ -33,20 +33,33 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 GROUP = 32  # the kernel's smallest group, and the block size of every type mapped here
+_NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8)  # two 4-bit values a byte
+_CRUMB_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)  # four 2-bit values a byte
 
 
 @dataclass
 class Int4Term:
-    """``w[n, k] = (q[n, k] - 8) * scale[n, k // GROUP] + zero[n, k // GROUP]``."""
+    """``w[n, k] = (q[n, k] - 8) * scale[n, k // GROUP] + zero[n, k // GROUP]``.
 
-    q: np.ndarray  # (out, in) uint8 in 0..15
-    scale: np.ndarray  # (out, in // GROUP) float32
-    zero: np.ndarray  # (out, in // GROUP) float32
+    ``padded``: the term multiplies the input with 16 zeros after each 16 of its values (its k
+    runs over twice the input), so that types whose scales change every 16 values (Q6_K, Q3_K,
+    Q2_K) keep one scale per group of the kernel; the padding's weights meet zeros and add
+    exactly nothing."""
+
+    q: np.ndarray  # (out, in) uint8 in 0..15; (out, 2 * in) where padded
+    scale: np.ndarray  # (out, groups) float32
+    zero: np.ndarray  # (out, groups) float32
+    padded: bool = False
 
     def dense(self) -> np.ndarray:
+        """The weights (out, in) the term stands for, padding dropped."""
         scale = np.repeat(self.scale, GROUP, axis=1)
         zero = np.repeat(self.zero, GROUP, axis=1)
-        return (self.q.astype(np.float32) - 8) * scale + zero
+        values = (self.q.astype(np.float32) - 8) * scale + zero
+        if not self.padded:
+            return values
+        rows = values.shape[0]
+        return np.ascontiguousarray(values.reshape(rows, -1, GROUP)[:, :, : GROUP // 2].reshape(rows, -1))
 
 
 @dataclass
@@ -102,17 +115,105 @@ def _q4_k(blocks: np.ndarray) -> list[Int4Term]:
     scale = d * sc.astype(np.float32)  # (n, 8), one per sub-block of 32
     minimum = dmin * m.astype(np.float32)
     # 128 bytes: four chunks of 32 bytes; low nibbles are sub-block 2j, high nibbles 2j + 1.
-    qs = blocks[:, 16:144].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    qs = blocks[:, 16:144].reshape(n, 4, 1, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)
     q = (qs & 0x0F).reshape(n, 8, 32)
     return [Int4Term(q.reshape(n * 8, 32), scale.reshape(-1, 1), (8 * scale - minimum).reshape(-1, 1))]
+
+
+def _bits(qh: np.ndarray, count: int) -> np.ndarray:
+    """Bit i of each row's little-endian ``qh`` bytes, as ``count`` values 0/1 per row."""
+    shifts = np.arange(8, dtype=np.uint8).reshape(1, 1, 8)
+    return ((qh[:, :, None] >> shifts) & 1).reshape(qh.shape[0], -1)[:, :count]
+
+
+def _five_bit(lo: np.ndarray, hi: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> list[Int4Term]:
+    """A 5-bit ``q = lo + 16 hi`` with ``w = scale * q + zero + 8 scale`` as two terms: ``lo``,
+    and ``hi`` (0 or 1) at 16 times the scale."""
+    return [
+        Int4Term(lo.astype(np.uint8), scale, zero),
+        Int4Term((hi + 8).astype(np.uint8), 16 * scale, np.zeros_like(scale)),
+    ]
+
+
+def _q5_0(blocks: np.ndarray) -> list[Int4Term]:
+    d = _fp16(blocks[:, 0:2])  # w = d * (q - 16)
+    hi = _bits(np.ascontiguousarray(blocks[:, 2:6]), 32)
+    return _five_bit(_nibbles(blocks[:, 6:22]), hi, d, -8 * d)
+
+
+def _q5_1(blocks: np.ndarray) -> list[Int4Term]:
+    d, m = _fp16(blocks[:, 0:2]), _fp16(blocks[:, 2:4])  # w = d * q + m
+    hi = _bits(np.ascontiguousarray(blocks[:, 4:8]), 32)
+    return _five_bit(_nibbles(blocks[:, 8:24]), hi, d, m + 8 * d)
+
+
+def _q5_k(blocks: np.ndarray) -> list[Int4Term]:
+    n = blocks.shape[0]
+    d, dmin = _fp16(blocks[:, 0:2]), _fp16(blocks[:, 2:4])
+    sc, m = quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+    scale, minimum = (d * sc.astype(np.float32)).reshape(-1, 1), (dmin * m.astype(np.float32)).reshape(-1, 1)
+    qh = blocks[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    hi = (qh & 1).reshape(n * 8, 32)  # sub-block j's high bits: bit j of each of the 32 bytes
+    ql = blocks[:, 48:176].reshape(n, 4, 1, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)
+    lo = (ql & 0x0F).reshape(n * 8, 32)
+    return _five_bit(lo, hi, scale, 8 * scale - minimum)  # w = d sc q - dmin m
+
+
+def _padded(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> Int4Term:
+    """A term over sub-blocks of 16 values (rows of ``q``), each padded to a group of 32."""
+    filler = np.full_like(q, 8)
+    return Int4Term(np.concatenate([q, filler], axis=1).astype(np.uint8), scale, zero, padded=True)
+
+
+def _q6_k(blocks: np.ndarray) -> list[Int4Term]:
+    n = blocks.shape[0]
+    ql = blocks[:, 0:128].reshape(n, 2, 1, 64) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)
+    qh = blocks[:, 128:192].reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS.reshape(1, 1, 4, 1)
+    lo, hi = (ql & 0x0F).reshape(n * 16, 16), (qh & 0x03).reshape(n * 16, 16)
+    scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+    scale = (_fp16(blocks[:, 208:210]) * scales).reshape(-1, 1)  # w = d sc (lo + 16 hi - 32)
+    return [_padded(lo, scale, -24 * scale), _padded(hi + 8, 16 * scale, np.zeros_like(scale))]
+
+
+def _q3_k(blocks: np.ndarray) -> list[Int4Term]:
+    n = blocks.shape[0]
+    hmask, qs = blocks[:, 0:32], blocks[:, 32:96]
+    low = np.ascontiguousarray(blocks[:, 96:104]).reshape(n, 1, 8) >> np.array(
+        [0, 4], dtype=np.uint8
+    ).reshape(1, 2, 1)
+    high = np.ascontiguousarray(blocks[:, 104:108]).reshape(n, 1, 4) >> np.array(
+        [0, 2, 4, 6], dtype=np.uint8
+    ).reshape(1, 4, 1)
+    sc = (low.reshape(n, 16) & 0x0F) | ((high.reshape(n, 16) & 0x03) << 4)
+    scale = (_fp16(blocks[:, 108:110]) * (sc.astype(np.int8) - 32).astype(np.float32)).reshape(-1, 1)
+    ql = (qs.reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS.reshape(1, 1, 4, 1)) & 3
+    qh = (hmask.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = ql.reshape(n * 16, 16).astype(np.int16) + 4 * qh.reshape(n * 16, 16)  # w = d sc (q - 4)
+    return [_padded(q + 4, scale, np.zeros_like(scale))]
+
+
+def _q2_k(blocks: np.ndarray) -> list[Int4Term]:
+    n = blocks.shape[0]
+    sc = blocks[:, 0:16]
+    d, dmin = _fp16(blocks[:, 80:82]), _fp16(blocks[:, 82:84])
+    scale = (d * (sc & 0x0F).astype(np.float32)).reshape(-1, 1)
+    minimum = (dmin * (sc >> 4).astype(np.float32)).reshape(-1, 1)
+    q = (blocks[:, 16:80].reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS.reshape(1, 1, 4, 1)) & 3
+    return [_padded(q.reshape(n * 16, 16) + 8, scale, -minimum)]  # w = d sc q - dmin m
 
 
 # type -> (values per block, bytes per block, decoder of (blocks, bytes) rows into terms)
 _DECODERS = {
     QType.Q4_0: (32, 18, _q4_0),
     QType.Q4_1: (32, 20, _q4_1),
+    QType.Q5_0: (32, 22, _q5_0),
+    QType.Q5_1: (32, 24, _q5_1),
     QType.Q8_0: (32, 34, _q8_0),
+    QType.Q2_K: (256, 84, _q2_k),
+    QType.Q3_K: (256, 110, _q3_k),
     QType.Q4_K: (256, 144, _q4_k),
+    QType.Q5_K: (256, 176, _q5_k),
+    QType.Q6_K: (256, 210, _q6_k),
 }
 
 
@@ -131,15 +232,26 @@ def decode_tensor(raw: np.ndarray, kind: QType, shape: tuple[int, int]) -> Quant
     blocks = np.asarray(raw).reshape(-1, nbytes)
     terms = []
     for term in decoder(blocks):
-        groups = in_features // GROUP
+        width = in_features * (2 if term.padded else 1)
+        groups = width // GROUP
         terms.append(
             Int4Term(
-                term.q.reshape(out_features, in_features),
+                term.q.reshape(out_features, width),
                 term.scale.reshape(out_features, groups),
                 term.zero.reshape(out_features, groups),
+                term.padded,
             )
         )
     return QuantTensor(shape, kind.name, terms=terms)
+
+
+def permute_rows(tensor: QuantTensor, order: np.ndarray) -> QuantTensor:
+    """``tensor`` with its output rows in ``order`` (blocks run along rows: exact)."""
+    if tensor.terms is None:
+        assert tensor.values is not None
+        return QuantTensor(tensor.shape, tensor.kind, values=np.ascontiguousarray(tensor.values[order]))
+    terms = [Int4Term(t.q[order], t.scale[order], t.zero[order], t.padded) for t in tensor.terms]
+    return QuantTensor(tensor.shape, tensor.kind, terms=terms)
 
 
 def quantize_dense(weight: np.ndarray, bits: int) -> QuantTensor:

@@ -31,29 +31,42 @@ MIN_DENSE_ROWS = 16  # fewer rows than this are padded (see DenseLinear)
 
 
 class Int4Linear(torch.nn.Module):
-    """``x @ W.T`` for ``W`` a sum of 4-bit terms; input (rows, in), output (rows, out) bf16."""
+    """``x @ W.T`` for ``W`` a sum of 4-bit terms; input (rows, in), output (rows, out) bf16.
 
-    def __init__(self, terms: list[Int4Term]) -> None:
+    ``fused`` (every layer but the output layer): the terms' weights side by side along the
+    input, and the input repeated once per term (with 16 zeros after each 16 values where a term
+    is padded, ``Int4Term``), so the whole sum is one kernel call whose sums run in fp32
+    throughout. Unfused, each term is a call of its own (``parts``: the output layer's error
+    bound needs each term's result)."""
+
+    def __init__(self, terms: list[Int4Term], fused: bool = True) -> None:
         super().__init__()
-        self.out_features, self.in_features = terms[0].q.shape
-        packed, scales = [], []
-        for term in terms:
-            q = torch.from_numpy(term.q.astype(np.int32))
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-            pair = np.stack([term.scale.T, term.zero.T], axis=-1)  # (in // GROUP, out, 2)
-            scales.append(torch.from_numpy(np.ascontiguousarray(pair)).to(torch.bfloat16))
-        self.packed = packed
-        self.scales = scales
+        first = terms[0]
+        self.out_features = first.q.shape[0]
+        self.in_features = first.q.shape[1] // (2 if first.padded else 1)
+        self.packed, self.scales, self.layouts = [], [], []
+        for group in [terms] if fused else [[term] for term in terms]:
+            q = torch.from_numpy(np.concatenate([t.q for t in group], axis=1).astype(np.int32))
+            self.packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            pairs = [np.stack([t.scale.T, t.zero.T], axis=-1) for t in group]  # (groups, out, 2) each
+            self.scales.append(
+                torch.from_numpy(np.ascontiguousarray(np.concatenate(pairs))).to(torch.bfloat16)
+            )
+            self.layouts.append(tuple(t.padded for t in group))
 
     def leading(self, x: torch.Tensor) -> torch.Tensor:
-        """The first term's product alone."""
+        """The first term's product alone (unfused)."""
         return self._term(x.to(torch.bfloat16), 0)
 
     def _term(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[index], GROUP, self.scales[index])
+        pieces = [_padded_input(x) if padded else x for padded in self.layouts[index]]
+        joined = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            joined, self.packed[index], GROUP, self.scales[index]
+        )
 
     def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each term's product, bf16 (their sum is ``forward``'s result)."""
+        """Each packed product, bf16 (their sum is ``forward``'s result)."""
         x = x.to(torch.bfloat16)
         return [self._term(x, index) for index in range(len(self.packed))]
 
@@ -66,6 +79,12 @@ class Int4Linear(torch.nn.Module):
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (*self.packed, *self.scales))
+
+
+def _padded_input(x: torch.Tensor) -> torch.Tensor:
+    """(rows, in) -> (rows, 2 in): 16 zeros after each 16 values (a padded term's input)."""
+    sixteens = x.reshape(x.shape[0], -1, GROUP // 2)
+    return torch.cat([sixteens, torch.zeros_like(sixteens)], dim=2).reshape(x.shape[0], -1)
 
 
 class DenseLinear(torch.nn.Module):
@@ -123,19 +142,13 @@ class QuantizedHead(torch.nn.Module):
     def __init__(self, tensor: QuantTensor) -> None:
         super().__init__()
         assert tensor.terms is not None
-        terms = ranked_terms(tensor.terms)
-        self.approx = Int4Linear(terms)
+        padded = any(t.padded for t in tensor.terms)
+        terms = tensor.terms if padded else ranked_terms(tensor.terms)
+        self.approx = Int4Linear(terms, fused=False)
         self.greedy_only = False
         self.out_features, self.in_features = tensor.shape
-        if len(tensor.terms) == 2:  # Q8_0 split as 16 * (hi - 8) + lo: the int8 values again
-            hi, lo = tensor.terms
-            values = (16 * (hi.q.astype(np.int16) - 8) + lo.q).astype(np.int8)
-            self.values, self.offset = torch.from_numpy(values), 0
-            self.scale, self.zero = torch.from_numpy(lo.scale), None
-        else:
-            (term,) = tensor.terms
-            self.values, self.offset = torch.from_numpy(term.q), 8
-            self.scale, self.zero = torch.from_numpy(term.scale), torch.from_numpy(term.zero)
+        values, self.scale, self.zero, self.group = exact_values(tensor.terms)
+        self.values = torch.from_numpy(values)
         self.kernel_error, self.kernel_norm = self._kernel_norms(terms)
         self.worst_norms = (self.kernel_error.max(), self.kernel_norm.max())
         self.repaired = 0  # tokens whose exact logits a bound asked for (tests and benchmarks read it)
@@ -143,9 +156,7 @@ class QuantizedHead(torch.nn.Module):
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """The exact fp32 weights of rows ``index`` (any shape), shape ``(*index.shape, in)``."""
         values = self.values[index].float()
-        if self.offset:
-            values -= self.offset
-        grouped = values.view(*index.shape, -1, GROUP) * self.scale[index].unsqueeze(-1)
+        grouped = values.view(*index.shape, -1, self.group) * self.scale[index].unsqueeze(-1)
         if self.zero is not None:
             grouped += self.zero[index].unsqueeze(-1)
         return grouped.view(*index.shape, self.in_features)
@@ -156,7 +167,9 @@ class QuantizedHead(torch.nn.Module):
         error, norm = [], []
         for first in range(0, self.out_features, chunk):
             part = slice(first, first + chunk)
-            kernel = sum(_bf16_scaled(Int4Term(t.q[part], t.scale[part], t.zero[part])) for t in terms)
+            kernel = sum(
+                _bf16_scaled(Int4Term(t.q[part], t.scale[part], t.zero[part], t.padded)) for t in terms
+            )
             exact = self.rows(torch.arange(first, min(first + chunk, self.out_features)))
             error.append((exact - kernel).norm(dim=1))
             norm.append(kernel.norm(dim=1))
@@ -279,9 +292,38 @@ def _restricted(logits: torch.Tensor, allowed: Sequence[torch.Tensor | None]) ->
 
 def _bf16_scaled(term: Int4Term) -> torch.Tensor:
     """A term's weights as the kernel computes them: its scales and zeros rounded to bf16."""
-    scale = torch.from_numpy(term.scale).to(torch.bfloat16).float().repeat_interleave(GROUP, dim=1)
-    zero = torch.from_numpy(term.zero).to(torch.bfloat16).float().repeat_interleave(GROUP, dim=1)
-    return (torch.from_numpy(term.q.astype(np.float32)) - 8) * scale + zero
+
+    def rounded(values: np.ndarray) -> np.ndarray:
+        return torch.from_numpy(values).to(torch.bfloat16).float().numpy()
+
+    return torch.from_numpy(Int4Term(term.q, rounded(term.scale), rounded(term.zero), term.padded).dense())
+
+
+def exact_values(terms: list[Int4Term]) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None, int]:
+    """The weights of one or two terms as int8 values with an fp32 scale and zero per group of
+    ``group`` (16 where the terms are padded): ``values * scale + zero`` is their sum, exact but
+    for one rounding of the zero. Two terms are a high part at 16 times the scale of a low one
+    (Q8_0 split in two, Q5's fifth bit, Q6_K's two high bits): 16 (q_hi - 8) + q_lo fits int8."""
+    if len(terms) == 1:
+        (term,) = terms
+        values, scale, zero = term.q.astype(np.int16) - 8, term.scale, term.zero
+    else:
+        low, high = sorted(terms, key=lambda t: float(np.abs(t.scale).sum()))
+        if len(terms) != 2 or not np.array_equal(high.scale, 16 * low.scale):
+            raise ValueError("an output layer of more than a high and a low term")
+        values = 16 * (high.q.astype(np.int16) - 8) + low.q
+        scale, zero = low.scale, high.zero + low.zero - 8 * low.scale
+    padded = terms[0].padded
+    if padded:  # drop the padding: the values of each group's first half
+        rows = values.shape[0]
+        values = values.reshape(rows, -1, GROUP)[:, :, : GROUP // 2].reshape(rows, -1)
+    zeros = None if not np.any(zero) else torch.from_numpy(np.ascontiguousarray(zero, dtype=np.float32))
+    return (
+        values.astype(np.int8),
+        torch.from_numpy(np.ascontiguousarray(scale)),
+        zeros,
+        GROUP // 2 if padded else GROUP,
+    )
 
 
 def ranked_terms(terms: list[Int4Term]) -> list[Int4Term]:

@@ -1,0 +1,189 @@
+"""The lean forward covers the code models users run: Qwen2 (q/k/v biases, a large rotary base,
+tied or untied output), Qwen3 (per-head q/k norms, heads wider than hidden / heads) and Llama
+with linear rotary scaling (DeepSeek-Coder). Each is checked against transformers' own forward
+on the same tiny random weights, loaded from transformers and from a GGUF file written as
+llama.cpp's converter writes it, and speculative greedy decoding on it equals plain greedy."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import GGUFWriter, quants
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from decoding.drafters import make_drafter
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.llama import UnsupportedModel, _rope_order, from_gguf, from_transformers
+from tests.test_quant import lean_loaded, plain_greedy_pass
+
+VOCAB = 96
+COMMON = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def tiny(arch: str, tied: bool = False, seed: int = 0) -> torch.nn.Module:
+    """A tiny random model of ``arch``, its norms and biases away from their defaults so that a
+    forward that skipped one would differ."""
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**COMMON, rope_theta=1e6, tie_word_embeddings=tied))
+    elif arch == "qwen3":
+        config = Qwen3Config(**COMMON, head_dim=32, rope_theta=1e6, tie_word_embeddings=tied)
+        model = Qwen3ForCausalLM(config)
+    else:
+        scaling = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5}
+        model = LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters=scaling, tie_word_embeddings=tied))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.add_(torch.randn_like(param) * 0.5)
+    return model.eval()
+
+
+CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("llama", True)]
+
+
+@pytest.mark.parametrize("arch,tied", CASES)
+def test_the_lean_forward_computes_what_transformers_does(arch, tied):
+    model = tiny(arch, tied)
+    forward = from_transformers(model, bits=0)
+    tokens = [random.Random(1).randrange(VOCAB) for _ in range(300)]  # past the first rotary periods
+    want = model(input_ids=torch.tensor([tokens])).logits[0]
+    cache = forward.new_cache()
+    got = torch.cat(
+        [forward(tokens[:200], cache), forward(tokens[200:201], cache), forward(tokens[201:], cache)]
+    )
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def write_gguf(model: torch.nn.Module, arch: str, path, kind: QType = QType.F32) -> None:
+    """``model`` as llama.cpp's converter writes it: llama's q/k rows permuted into adjacent
+    pairs, Qwen's left as they are (rotate-half, NEOX rotary); weights in ``kind``, norms and
+    biases in F32; no output tensor where the embedding is tied."""
+    config = model.config
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    rope = config.rope_parameters
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+    }
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+
+    def add(name: str, values: np.ndarray, quantize: bool) -> None:
+        if quantize and kind != QType.F32:
+            writer.add_tensor(name, quants.quantize(values, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, values)
+
+    add("token_embd.weight", model.model.embed_tokens.weight.detach().numpy(), True)
+    add("output_norm.weight", model.model.norm.weight.detach().numpy(), False)
+    if not config.tie_word_embeddings:
+        add("output.weight", model.lm_head.weight.detach().numpy(), True)
+    for i, layer in enumerate(model.model.layers):
+        for module_name, short in names.items():
+            if module_name.endswith("_norm") and arch != "qwen3":
+                continue
+            module = layer.get_submodule(module_name)
+            for part in ("weight", "bias"):
+                tensor = getattr(module, part, None)
+                if tensor is None:
+                    continue
+                values = tensor.detach().numpy().copy()
+                if arch == "llama" and short in heads:
+                    values = values[_rope_order(values.shape[0], heads[short])]
+                add(f"blk.{i}.{short}.{part}", values, part == "weight" and values.ndim == 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch,tied", CASES)
+def test_a_gguf_as_llama_cpp_writes_it_loads_onto_the_lean_forward(arch, tied, tmp_path):
+    model = tiny(arch, tied)
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(model, arch, path)
+    forward = from_gguf(str(path))
+    tokens = [random.Random(2).randrange(VOCAB) for _ in range(120)]
+    want = model(input_ids=torch.tensor([tokens])).logits[0]
+    got = forward(tokens, forward.new_cache())
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_speculative_greedy_on_a_quantized_code_model_equals_its_plain_greedy(arch, tmp_path):
+    """The file's Q8_0 blocks on the 4-bit kernel (the output layer certified exact): 60 cases,
+    drafts kept and rejected, equal to the model's own plain greedy decoding."""
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(tiny(arch, seed=3), arch, path, QType.Q8_0)
+    forward = from_gguf(str(path))
+    proposed = accepted = 0
+    rng = random.Random(4)
+    for _ in range(60):
+        motif = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 6))]
+        prompt = (motif * rng.randint(1, 4))[: rng.randint(1, 20)] + [rng.randrange(VOCAB)]
+        want = plain_greedy_pass(forward, prompt, 24)
+        engine = SpeculativeEngine(lean_loaded(forward))
+        result = engine.generate(
+            prompt, GenerationConfig(max_new_tokens=24), make_drafter("ngram", max_draft=4)
+        )
+        assert result.token_ids == want
+        for stats in result.stats.drafters.values():
+            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert proposed > 0 and accepted > 0
+
+
+def test_what_the_lean_forward_does_not_cover_is_refused_with_the_reason(tmp_path):
+    """Another rotary scaling, or a layer tensor the forward does not read, falls back to
+    transformers' forward with a reason the log can say."""
+    config = LlamaConfig(**COMMON, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
+    with pytest.raises(UnsupportedModel, match="rope"):
+        from_transformers(LlamaForCausalLM(config), bits=0)
+    model = tiny("qwen2")
+    path = tmp_path / "odd.gguf"
+    model.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.zeros(COMMON["hidden_size"]))
+    write_gguf(model, "qwen2", path)
+    with pytest.raises(UnsupportedModel, match=r"attn_output\.bias"):
+        from_gguf(str(path))
