@@ -34,10 +34,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import quants
+from gguf import GGMLQuantizationType, quants
 
+from decoding.native import Kernels, NativeHead, NativeLinear, Weight, kernels
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
-from decoding.quant.layers import INT4_N_MULTIPLE, DenseHead, QuantizedHead, concat_rows, linear_for
+from decoding.quant.layers import (
+    INT4_N_MULTIPLE,
+    CertifiedHead,
+    DenseHead,
+    QuantizedHead,
+    concat_rows,
+    linear_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +267,10 @@ class LlamaForward:
         # they are, so q, k and v come out of one multiply.
         self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
         self.unrotated = torch.ones(1, shape.kv_heads, half, dtype=torch.complex64)
-        self.min_attention_rows = attention_row_floor(shape.kv_heads, shape.head_dim)
+        # Attention on the native kernels where they are built (one call a layer, each row on its
+        # own); else torch's products, padded to the rows this CPU needs (``attention_row_floor``).
+        self.native = kernels()
+        self.min_attention_rows = 1 if self.native else attention_row_floor(shape.kv_heads, shape.head_dim)
 
     @property
     def vocab_size(self) -> int:
@@ -273,7 +284,7 @@ class LlamaForward:
 
     @greedy_only.setter
     def greedy_only(self, value: bool) -> None:
-        if isinstance(self.head, QuantizedHead):
+        if isinstance(self.head, CertifiedHead):
             self.head.greedy_only = value
 
     def new_cache(self) -> KVCache:
@@ -336,6 +347,9 @@ class LlamaForward:
         qkv = torch.view_as_real(qkv).view(rows, all_heads, s.head_dim)  # q and k rotated, v as is
         kv = cache.layer(index)
         kv[:, start:end] = qkv[:, s.heads :].transpose(0, 1)
+        if self.native is not None:
+            attended = self.native.attention(qkv[:, : s.heads], kv, start)
+            return layer.out(attended.view(rows, s.attention_dim))
         span = mask.shape[1]
         keys, values = kv[: s.kv_heads, :span], kv[s.kv_heads :, :span]
         # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
@@ -438,31 +452,41 @@ def _rope_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
+# The products of a layer, each over the weights named (one output, side by side).
+PRODUCTS = {"qkv": ("q", "k", "v"), "out": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
+
+
 def _assemble(
-    shape: LlamaShape, weight, vector, embed: Embedding, head: torch.nn.Module, optional=None
+    shape: LlamaShape, linear, vector, embed: Embedding, head: torch.nn.Module, optional=None
 ) -> LlamaForward:
-    """``weight(name, i)`` gives a layer's QuantTensor, ``vector(name, i)`` a norm's fp32 weights,
-    ``optional(name, i)`` an fp32 bias (``q_bias``, ``k_bias``, ``v_bias``) or head norm
-    (``q_norm``, ``k_norm``) where the model has one, else None."""
+    """``linear(names, i)`` gives layer i's product over the weights ``names`` (``PRODUCTS``),
+    ``vector(name, i)`` a norm's fp32 weights, ``optional(name, i)`` an fp32 bias (``q_bias``,
+    ``k_bias``, ``v_bias``) or head norm (``q_norm``, ``k_norm``) where the model has one."""
     optional = optional or (lambda name, i: None)
     layers = []
     for i in range(shape.layers):
-        qkv = concat_rows([weight("q", i), weight("k", i), weight("v", i)])
-        gate_up = concat_rows([weight("gate", i), weight("up", i)])
+        products = {name: linear(parts, i) for name, parts in PRODUCTS.items()}
         layers.append(
             LlamaLayer(
                 attn_norm=vector("attn_norm", i),
-                qkv=linear_for(qkv),
-                out=linear_for(weight("o", i)),
                 ffn_norm=vector("ffn_norm", i),
-                gate_up=linear_for(gate_up),
-                down=linear_for(weight("down", i)),
+                **products,
                 qkv_bias=_qkv_bias(shape, [optional(f"{x}_bias", i) for x in "qkv"]),
                 q_norm=optional("q_norm", i),
                 k_norm=optional("k_norm", i),
             )
         )
     return LlamaForward(shape, embed, layers, vector("norm", None), head)
+
+
+def _torch_linear(weight):
+    """``linear`` for ``_assemble`` from ``weight(name, i)``'s QuantTensors: torch's kernels."""
+
+    def linear(names: tuple[str, ...], i: int) -> torch.nn.Module:
+        parts = [weight(name, i) for name in names]
+        return linear_for(parts[0] if len(parts) == 1 else concat_rows(parts))
+
+    return linear
 
 
 def _qkv_bias(shape: LlamaShape, biases: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -589,6 +613,22 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
         loaded = tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
         return permute_rows(loaded, pairs[kind]) if halves and kind in pairs else loaded
 
+    def blocks(name: str, order: np.ndarray | None = None) -> Weight:
+        t, raw_bytes = raw(name)
+        rows = raw_bytes.reshape(t.shape[0], -1)
+        return Weight(int(t.kind), rows if order is None else np.ascontiguousarray(rows[order]), t.shape[-1])
+
+    native = None if dense else kernels()
+    torch_linear = _torch_linear(weight)
+
+    def linear(kinds: tuple[str, ...], i: int) -> torch.nn.Module:
+        """Native kernels on the file's blocks where they multiply every part, else torch's."""
+        names = [f"blk.{i}.{GGUF_NAMES[kind]}.weight" for kind in kinds]
+        if native is None or not all(native.supports(index[name].kind) for name in names):
+            return torch_linear(kinds, i)
+        orders = [pairs[kind] if halves and kind in pairs else None for kind in kinds]
+        return NativeLinear(native, [blocks(name, order) for name, order in zip(names, orders, strict=True)])
+
     def values(name: str) -> torch.Tensor:
         t, raw_values = raw(name)
         return torch.from_numpy(quants.dequantize(raw_values, t.kind).astype(np.float32).reshape(-1))
@@ -605,23 +645,32 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
             return found[pairs_in_head]
         return found[pairs[target]] if halves and target in pairs else found
 
-    # The output layer: on the 4-bit kernel with exact fp32 logits for the likely tokens where
-    # its type allows (``QuantizedHead``), else dense fp32 (exact for every type). Tied
+    # The output layer: certified exact greedy choices (``CertifiedHead``) on the native kernels
+    # or the 4-bit kernel where its type allows, else dense fp32 (exact for every type). Tied
     # embeddings are looked up in the same table.
     tied = "output.weight" not in index
-    output = tensor("token_embd.weight" if tied else "output.weight")
-    if output.terms is not None and output.shape[0] % INT4_N_MULTIPLE == 0:
-        head: torch.nn.Module = QuantizedHead(output)
-    else:
-        head = DenseHead(torch.from_numpy(output.dense()))
+    head = _output_layer(native, blocks("token_embd.weight" if tied else "output.weight"), dense)
     if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
-        t, table = raw("token_embd.weight")
-        embed: Embedding = BlockEmbedding(table.reshape(t.shape[0], -1), t.kind, t.shape[-1])
+        table = blocks("token_embd.weight")
+        embed: Embedding = BlockEmbedding(table.blocks, index["token_embd.weight"].kind, table.width)
     else:
-        embed = head.rows if isinstance(head, QuantizedHead) else DenseEmbedding(head.weight)
-    forward = _assemble(shape, weight, vector, embed, head, optional)
+        embed = head.rows if isinstance(head, CertifiedHead) else DenseEmbedding(head.weight)
+    forward = _assemble(shape, linear, vector, embed, head, optional)
     forward.formats = "+".join(sorted({t.kind.name for t in index.values()}))
     return forward
+
+
+def _output_layer(native: Kernels | None, weight: Weight, dense: bool) -> torch.nn.Module:
+    """The output layer for ``weight``: on the native kernels where its bound can be told, else
+    on the 4-bit kernel where the type has 4-bit terms, else dense fp32."""
+    if native is not None and NativeHead.fits(native, weight):
+        return NativeHead(native, weight)
+    tensor = decode_tensor(
+        weight.blocks, GGMLQuantizationType(weight.kind), (weight.out_features, weight.width)
+    )
+    if not dense and tensor.terms is not None and tensor.shape[0] % INT4_N_MULTIPLE == 0:
+        return QuantizedHead(tensor)
+    return DenseHead(torch.from_numpy(tensor.dense()))
 
 
 TRANSFORMERS_TYPES = ("llama", "qwen2", "qwen3")  # model types with the lean forward's layout
@@ -714,7 +763,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
     else:
         head = DenseHead(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
-    forward = _assemble(shape, weight, vector, embed, head, optional)
+    forward = _assemble(shape, _torch_linear(weight), vector, embed, head, optional)
     forward.formats = f"int{bits}" if bits else "F32"
     return forward
 

@@ -31,3 +31,19 @@ def default_tokenizer_folder(tmp_path_factory, default_model):
     folder = tmp_path_factory.mktemp("default-tokenizer")
     default_model.tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernel_backend(request, monkeypatch):
+    """Run a test on llama.cpp's kernels (where built) and on torch's (``LSP_NATIVE=0``, what a
+    machine without the build runs); forwards made inside the test take the backend."""
+    from decoding.native import kernels
+
+    if request.param == "torch":
+        monkeypatch.setenv("LSP_NATIVE", "0")
+    elif kernels() is None:
+        pytest.skip("the native kernels are not built")
+    kernels.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    kernels.cache_clear()

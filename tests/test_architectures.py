@@ -141,7 +141,7 @@ def write_gguf(model: torch.nn.Module, arch: str, path, kind: QType = QType.F32)
 
 
 @pytest.mark.parametrize("arch,tied", CASES)
-def test_a_gguf_as_llama_cpp_writes_it_loads_onto_the_lean_forward(arch, tied, tmp_path):
+def test_a_gguf_as_llama_cpp_writes_it_loads_onto_the_lean_forward(arch, tied, tmp_path, kernel_backend):
     model = tiny(arch, tied)
     path = tmp_path / f"{arch}.gguf"
     write_gguf(model, arch, path)
@@ -153,8 +153,8 @@ def test_a_gguf_as_llama_cpp_writes_it_loads_onto_the_lean_forward(arch, tied, t
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_speculative_greedy_on_a_quantized_code_model_equals_its_plain_greedy(arch, tmp_path):
-    """The file's Q8_0 blocks on the 4-bit kernel (the output layer certified exact): 60 cases,
+def test_speculative_greedy_on_a_quantized_code_model_equals_its_plain_greedy(arch, tmp_path, kernel_backend):
+    """The file's Q8_0 blocks on either backend (the output layer certified exact): 60 cases,
     drafts kept and rejected, equal to the model's own plain greedy decoding."""
     path = tmp_path / f"{arch}.gguf"
     write_gguf(tiny(arch, seed=3), arch, path, QType.Q8_0)

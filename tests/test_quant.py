@@ -223,8 +223,9 @@ def test_the_lean_forward_is_transformers_forward_when_nothing_is_quantized():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_the_lean_forward_is_batch_invariant_bit_for_bit(bits):
-    """Logits and caches do not depend on how the tokens were split into passes."""
+def test_the_lean_forward_is_batch_invariant_bit_for_bit(bits, kernel_backend):
+    """Logits and caches do not depend on how the tokens were split into passes (attention on
+    either backend)."""
     forward = lean(6, bits, layers=3)
     rng = random.Random(bits)
     tokens = [rng.randrange(64) for _ in range(600)]  # three key blocks of attention

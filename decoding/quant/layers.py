@@ -19,6 +19,7 @@ rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -113,31 +114,124 @@ class DenseHead(DenseLinear):
         return super().forward(x)
 
 
-class QuantizedHead(torch.nn.Module):
-    """The output layer on 4-bit terms, with exact fp32 logits wherever they decide anything.
+class CertifiedHead(torch.nn.Module):
+    """An output layer whose logits are approximate, with exact fp32 logits wherever they decide
+    anything: the greedy choice is always the exact layer's.
+
+    A fast product (``_approximate``) gives every logit within a known bound of its exact value;
+    its ``CANDIDATES`` likeliest tokens per row get their exact logits, computed in fp32 from the
+    file's dequantized rows (``rows``), and the other logits stay approximate (sampling sees
+    them: plain and speculative sampling alike). A greedy choice must be the exact layer's
+    whatever restricts it (token healing allows only the tokens that spell the text still owed,
+    ``allowed``, and a rare prefix may allow none of the unrestricted candidates), so the
+    candidates are ranked among each row's allowed tokens as well, and where only greedy choices
+    are read (``greedy_only``, set by the engine for greedy generations) the choice is
+    certified: a token outside the candidates can beat the best one only where its approximate
+    logit plus its bound reaches it, and any such token gets its exact logit too. One bound for
+    every token of a row (``_loose_bound``) certifies nearly every row for a few reductions; the
+    rest are bounded token by token (``_tight_bound``). Every step is per row, so the layer is
+    batch-invariant.
+    """
+
+    CANDIDATES = 128
+    out_features: int
+    in_features: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.greedy_only = False
+        self.repaired = 0  # tokens whose exact logits a bound asked for (tests and benchmarks read it)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The exact fp32 weights of rows ``index`` (any shape), shape ``(*index.shape, in)``."""
+        raise NotImplementedError
+
+    def _approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Approximate fp32 logits (rows, out), and what the bounds need of the product."""
+        raise NotImplementedError
+
+    def _loose_bound(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        """(rows,): how far any approximate logit of each row can be from its exact one."""
+        raise NotImplementedError
+
+    def _tight_bound(self, x: torch.Tensor, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        """(len(rows), out): the same per token, for rows ``rows`` only."""
+        raise NotImplementedError
+
+    def _exact(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Exact fp32 logits of tokens ``ids`` (rows, n) for the rows of ``x``."""
+        return (self.rows(ids) * x.unsqueeze(1)).sum(-1)
+
+    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Logits (rows, out) fp32, exact for each row's candidates, and for its candidates among
+        its ``allowed`` tokens (rows past its end, or None: every token); under ``greedy_only``
+        exact for every token that could be the row's greedy choice, over all tokens and over
+        the allowed ones (healing needs both: the allowed choice, and whether it is the model's
+        own)."""
+        x = x.float()
+        logits, state = self._approximate(x)
+        rankings = [logits] if allowed is None else [logits, _restricted(logits, allowed)]
+        count = min(self.CANDIDATES, self.out_features)
+        ranked = [ranking.topk(min(count + 1, self.out_features), dim=-1) for ranking in rankings]
+        top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
+        exact = self._exact(top, x)
+        unsure = self._unsure(ranked, exact, self._loose_bound(x, state)) if self.greedy_only else top[:0, 0]
+        uppers = []
+        if len(unsure):  # bounded token by token, from the approximate logits before they are replaced
+            bound = self._tight_bound(x, state, unsure)
+            uppers = [ranking[unsure] + bound for ranking in rankings]
+        logits.scatter_(1, top, exact)
+        if len(unsure):
+            rows = logits[unsure]
+            self._certify(rows, uppers, top[unsure], x[unsure])
+            logits[unsure] = rows
+        return logits
+
+    @staticmethod
+    def _unsure(ranked: list[Any], exact: torch.Tensor, margin: torch.Tensor) -> torch.Tensor:
+        """The rows whose greedy choice (among each ranking's candidates, ``exact`` their logits
+        in ranking order) the bound for every token at once cannot certify: where the best
+        candidate beats the best approximate logit outside them by that bound, no token outside
+        can beat it."""
+        sure = torch.ones(exact.shape[0], dtype=torch.bool)
+        count = exact.shape[1] // len(ranked)
+        for i, ranking in enumerate(ranked):
+            values = ranking.values
+            outside = values[:, count] if values.shape[1] > count else torch.full_like(margin, float("-inf"))
+            candidates = exact[:, i * count : (i + 1) * count]
+            best = candidates.masked_fill(values[:, :count] == float("-inf"), float("-inf")).amax(1)
+            sure &= best >= outside + margin
+        return torch.nonzero(~sure).flatten()
+
+    def _certify(
+        self, logits: torch.Tensor, uppers: list[torch.Tensor], top: torch.Tensor, x: torch.Tensor
+    ) -> None:
+        """Exact logits, in place, for every token outside ``top`` whose bound in one of
+        ``uppers`` reaches the best exact candidate under that bound (-inf: tokens it excludes)."""
+        contenders = torch.zeros_like(logits, dtype=torch.bool)
+        for upper in uppers:
+            counted = upper.gather(1, top) > float("-inf")
+            best = logits.gather(1, top).masked_fill(~counted, float("-inf")).amax(1, keepdim=True)
+            contenders |= (upper >= best) & (upper > float("-inf"))
+        contenders.scatter_(1, top, False)
+        rows, ids = torch.nonzero(contenders, as_tuple=True)
+        if len(rows):
+            self.repaired += len(rows)
+            logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
+
+
+class QuantizedHead(CertifiedHead):
+    """The output layer on torch's 4-bit kernel (``CertifiedHead``).
 
     The output layer is the largest product of a step (49152 x 576 for SmolLM2): dense fp32 it
     streams 113 MB a step, several times what the 4-bit kernel reads. But the kernel returns
     bf16, whose rounding of logits near 20 (steps of 1/8) changes the greedy choice at ~2.5% of
-    positions. So the kernel's logits only pick the ``CANDIDATES`` most likely tokens per row,
-    and those are recomputed in fp32 from the file's exact values; the other logits stay the
-    kernel's. Every step is per row, so the layer stays batch-invariant. The same table serves
-    the input embedding lookup.
-
-    A greedy choice must be the exact layer's, never an approximation's, whatever restricts it
-    (token healing allows only the tokens that spell the text still owed, ``allowed``, and a
-    rare prefix may allow none of the unrestricted candidates). So the candidates are ranked
-    among each row's allowed tokens, and where only greedy choices are read (``greedy_only``,
-    set by the engine for greedy generations) the choice is certified: each token's kernel
-    logit is within a bound of its exact one (``_error_bound``: the kernel's weights against the
-    file's, bf16 activations, bf16 results), so a token outside the candidates can beat the best
-    candidate only where its kernel logit plus that bound reaches it; any such token gets its
-    exact logit too. The bound needs both terms of a Q8_0 layer: the leading 4-bit term alone is
-    off by a logit on average, and its bound would send most of the vocabulary to exact
-    recomputation (``benchmarks/head_ranking.py`` counts the tokens recomputed).
+    positions: hence exact candidates. The bound (``_error_bound``: the kernel's weights against
+    the file's, bf16 activations, bf16 results) needs both terms of a Q8_0 layer: the leading
+    4-bit term alone is off by a logit on average, and its bound would send most of the
+    vocabulary to exact recomputation (``benchmarks/head_ranking.py`` counts the tokens
+    recomputed). The same table serves the input embedding lookup.
     """
-
-    CANDIDATES = 128
 
     def __init__(self, tensor: QuantTensor) -> None:
         super().__init__()
@@ -145,16 +239,13 @@ class QuantizedHead(torch.nn.Module):
         padded = any(t.padded for t in tensor.terms)
         terms = tensor.terms if padded else ranked_terms(tensor.terms)
         self.approx = Int4Linear(terms, fused=False)
-        self.greedy_only = False
         self.out_features, self.in_features = tensor.shape
         values, self.scale, self.zero, self.group = exact_values(tensor.terms)
         self.values = torch.from_numpy(values)
         self.kernel_error, self.kernel_norm = self._kernel_norms(terms)
         self.worst_norms = (self.kernel_error.max(), self.kernel_norm.max())
-        self.repaired = 0  # tokens whose exact logits a bound asked for (tests and benchmarks read it)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """The exact fp32 weights of rows ``index`` (any shape), shape ``(*index.shape, in)``."""
         values = self.values[index].float()
         grouped = values.view(*index.shape, -1, self.group) * self.scale[index].unsqueeze(-1)
         if self.zero is not None:
@@ -168,7 +259,7 @@ class QuantizedHead(torch.nn.Module):
         for first in range(0, self.out_features, chunk):
             part = slice(first, first + chunk)
             kernel = sum(
-                _bf16_scaled(Int4Term(t.q[part], t.scale[part], t.zero[part], t.padded)) for t in terms
+                _bf16_scaled(replace(t, q=t.q[part], scale=t.scale[part], zero=t.zero[part])) for t in terms
             )
             exact = self.rows(torch.arange(first, min(first + chunk, self.out_features)))
             error.append((exact - kernel).norm(dim=1))
@@ -197,81 +288,24 @@ class QuantizedHead(torch.nn.Module):
             results += part.float().abs()
         return results
 
-    def _exact(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Exact fp32 logits of tokens ``ids`` (rows, n) for the rows of ``x``."""
-        return (self.rows(ids) * x.unsqueeze(1)).sum(-1)
-
-    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
-        """Logits (rows, out) fp32, exact for each row's candidates, and for its candidates among
-        its ``allowed`` tokens (rows past its end, or None: every token); under ``greedy_only``
-        exact for every token that could be the row's greedy choice, over all tokens and over
-        the allowed ones (healing needs both: the allowed choice, and whether it is the model's
-        own)."""
-        x = x.float()
+    def _approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         parts = self.approx.parts(x)
         total = parts[0]
         for part in parts[1:]:
             total = total + part
-        logits = total.float()
-        rankings = [logits] if allowed is None else [logits, _restricted(logits, allowed)]
-        count = min(self.CANDIDATES, self.out_features)
-        ranked = [ranking.topk(min(count + 1, self.out_features), dim=-1) for ranking in rankings]
-        top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
-        exact = self._exact(top, x)
-        unsure = self._unsure(x, parts, total, ranked, exact) if self.greedy_only else top[:0, 0]
-        uppers = []
-        if len(unsure):  # bounded token by token, from the kernel's logits before they are replaced
-            results = self._magnitudes([part[unsure] for part in parts], total[unsure])
-            bound = self._error_bound(x[unsure], results, self.kernel_error, self.kernel_norm)
-            uppers = [ranking[unsure] + bound for ranking in rankings]
-        logits.scatter_(1, top, exact)
-        if len(unsure):
-            rows = logits[unsure]
-            self._certify(rows, uppers, top[unsure], x[unsure])
-            logits[unsure] = rows
-        return logits
+        return total.float(), (parts, total)
 
-    def _unsure(
-        self,
-        x: torch.Tensor,
-        parts: list[torch.Tensor],
-        total: torch.Tensor,
-        ranked: list[Any],
-        exact: torch.Tensor,
-    ) -> torch.Tensor:
-        """The rows whose greedy choice (among each ranking's candidates, ``exact`` their logits
-        in ranking order) the bound for every token at once cannot certify: where the best
-        candidate beats the best kernel logit outside them by that bound, no token outside can
-        beat it. Almost every row passes, for a few reductions instead of a bound per token."""
+    def _loose_bound(self, x: torch.Tensor, state: Any) -> torch.Tensor:
+        parts, total = state
         results = total.float().abs().amax(1, keepdim=True)
         for part in parts:
             results += part.float().abs().amax(1, keepdim=True)
-        margin = self._error_bound(x, results, *self.worst_norms)[:, 0]
-        sure = torch.ones(x.shape[0], dtype=torch.bool)
-        count = exact.shape[1] // len(ranked)
-        for i, ranking in enumerate(ranked):
-            values = ranking.values
-            outside = values[:, count] if values.shape[1] > count else torch.full_like(margin, float("-inf"))
-            candidates = exact[:, i * count : (i + 1) * count]
-            best = candidates.masked_fill(values[:, :count] == float("-inf"), float("-inf")).amax(1)
-            sure &= best >= outside + margin
-        return torch.nonzero(~sure).flatten()
+        return self._error_bound(x, results, *self.worst_norms)[:, 0]
 
-    def _certify(
-        self, logits: torch.Tensor, uppers: list[torch.Tensor], top: torch.Tensor, x: torch.Tensor
-    ) -> None:
-        """Exact logits, in place, for every token outside ``top`` whose bound in one of
-        ``uppers`` reaches the best exact candidate under that bound (-inf: tokens it excludes)."""
-        contenders = torch.zeros_like(logits, dtype=torch.bool)
-        for upper in uppers:
-            counted = upper.gather(1, top) > float("-inf")
-            best = logits.gather(1, top).masked_fill(~counted, float("-inf")).amax(1, keepdim=True)
-            contenders |= (upper >= best) & (upper > float("-inf"))
-        contenders.scatter_(1, top, False)
-        rows, ids = torch.nonzero(contenders, as_tuple=True)
-        if len(rows):
-            self.repaired += len(rows)
-            logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
+    def _tight_bound(self, x: torch.Tensor, state: Any, rows: torch.Tensor) -> torch.Tensor:
+        parts, total = state
+        results = self._magnitudes([part[rows] for part in parts], total[rows])
+        return self._error_bound(x[rows], results, self.kernel_error, self.kernel_norm)
 
     def nbytes(self) -> int:
         extra = self.zero.nbytes if self.zero is not None else 0

@@ -1,0 +1,247 @@
+"""llama.cpp's CPU kernels for the lean forward's products, where they are built (``build.py``).
+
+Why: torch's 4-bit kernel is the only quantized product torch has on the CPU. On AVX2 it is no
+faster than fp32, it takes no 16-value sub-blocks (Q6_K, Q3_K, Q2_K: padded terms, at 2.5 bytes a
+weight), and its packed copy doubles the weights' memory. llama.cpp's kernels multiply a GGUF's
+own blocks where they lie in the memory-mapped file, with activations quantized per block as
+llama.cpp quantizes them, tuned for each ISA. ``lsqmm.c`` calls them one output at a time, so
+each output is computed the same whatever the rows of a pass: batch-invariant by construction,
+as the lean forward needs. Where rounding enters: the activations, quantized to the weight
+type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
+
+Loaded once per process from the cached build; ``LSP_NATIVE=0`` turns it off (torch's kernels
+then serve, as on a machine without the build); ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from decoding.native.build import built_library
+from decoding.quant.layers import CertifiedHead
+
+log = logging.getLogger(__name__)
+
+_POINTER, _SIZE, _I64, _INT = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int
+
+
+class Kernels:
+    """The loaded library: which GGUF types it multiplies, products, rows, activation error."""
+
+    def __init__(self, path: str, threads: int) -> None:
+        lib = ctypes.CDLL(path)
+        lib.lsq_init.argtypes = [_INT]
+        lib.lsq_row_bytes.restype, lib.lsq_row_bytes.argtypes = _SIZE, [_INT, _I64]
+        lib.lsq_vec_dot_type.argtypes = [_INT]
+        lib.lsq_supports.argtypes = [_INT]
+        lib.lsq_matmul.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
+        lib.lsq_attention.argtypes = [
+            _POINTER,
+            _POINTER,
+            _POINTER,
+            _I64,
+            _I64,
+            _I64,
+            _INT,
+            _INT,
+            _INT,
+            _POINTER,
+            _POINTER,
+        ]
+        lib.lsq_init(threads)
+        self.lib, self.path, self.threads = lib, path, lib.lsq_threads()
+
+    def supports(self, kind: int) -> bool:
+        return bool(self.lib.lsq_supports(int(kind)))
+
+    def matmul(self, kind: int, blocks: np.ndarray, x: torch.Tensor, out: torch.Tensor, column: int) -> None:
+        """``out[:, column:column + len(blocks)] = x @ W.T`` for W the rows ``blocks`` (rows,
+        bytes per row) of type ``kind``; ``x`` fp32 contiguous (rows, in), ``out`` fp32."""
+        rows, n_in = x.shape
+        scratch = torch.empty(
+            rows * self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(int(kind)), n_in), dtype=torch.uint8
+        )
+        y = out[:, column:]
+        done = self.lib.lsq_matmul(
+            int(kind),
+            blocks.ctypes.data,
+            len(blocks),
+            n_in,
+            x.data_ptr(),
+            rows,
+            y.data_ptr(),
+            out.shape[1],
+            scratch.data_ptr(),
+        )
+        if done != 0:
+            raise RuntimeError(f"native product of type {kind} failed ({done})")
+
+    def attention(self, q: torch.Tensor, cache: torch.Tensor, start: int) -> torch.Tensor:
+        """Attention of ``q`` (rows, heads, dim) fp32, rotated and scaled, at positions ``start``..,
+        over a layer's ``cache`` (2 kv_heads, capacity, dim: keys, then values), each row
+        attending to the keys up to its own position; (rows, heads, dim)."""
+        rows, heads, dim = q.shape
+        kv_heads, capacity = cache.shape[0] // 2, cache.shape[1]
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        scratch = torch.empty(self.threads, capacity)
+        done = self.lib.lsq_attention(
+            q.data_ptr(),
+            cache.data_ptr(),
+            cache[kv_heads:].data_ptr(),
+            capacity,
+            rows,
+            start,
+            heads,
+            kv_heads,
+            dim,
+            out.data_ptr(),
+            scratch.data_ptr(),
+        )
+        if done != 0:
+            raise RuntimeError(f"native attention failed ({done})")
+        return out
+
+    def rows(self, kind: int, blocks: np.ndarray, ids: torch.Tensor, width: int) -> torch.Tensor:
+        """Rows ``ids`` of the weight ``blocks``, dequantized to fp32: (*ids.shape, width)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(len(flat), width)
+        if (
+            self.lib.lsq_rows(
+                int(kind), blocks.ctypes.data, width, flat.data_ptr(), len(flat), out.data_ptr()
+            )
+            != 0
+        ):
+            raise RuntimeError(f"no dequantization for type {kind}")
+        return out.view(*ids.shape, width)
+
+    def activation_error(self, kind: int, x: torch.Tensor) -> torch.Tensor | None:
+        """(rows,): the norm of each row of ``x`` less itself as the products with ``kind``'s rows
+        see it (quantized and dequantized again); None where that cannot be told."""
+        rows, n_in = x.shape
+        out = torch.empty(rows)
+        scratch = torch.empty(
+            self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(int(kind)), n_in) + 64, dtype=torch.uint8
+        )
+        restored = torch.empty(n_in)
+        done = self.lib.lsq_activation_error(
+            int(kind), x.data_ptr(), n_in, rows, out.data_ptr(), scratch.data_ptr(), restored.data_ptr()
+        )
+        return out if done == 0 else None
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The native kernels, or None where they are not built or are turned off."""
+    if os.environ.get("LSP_NATIVE", "1") == "0":
+        return None
+    variant = os.environ.get("LSP_NATIVE_VARIANT", "native")
+    path = built_library(variant)
+    if path is None:
+        log.info(
+            "native kernels (%s) not built: torch's kernels serve (python -m decoding.native --build)",
+            variant,
+        )
+        return None
+    try:
+        loaded = Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
+    except OSError as exc:
+        log.warning("native kernels at %s cannot be loaded (%s): torch's kernels serve", path, exc)
+        return None
+    log.info("native kernels: %s, %d threads", path, loaded.threads)
+    return loaded
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One weight in a GGUF's own blocks: ``blocks`` (out, bytes per row) of GGML type ``kind``."""
+
+    kind: int
+    blocks: np.ndarray
+    width: int  # inputs per row
+
+    @property
+    def out_features(self) -> int:
+        return len(self.blocks)
+
+
+class NativeLinear(torch.nn.Module):
+    """``x @ W.T`` for weights in a GGUF's own blocks (memory-mapped, never copied), on the
+    native kernels; several weights side by side (q, k and v) fill one output, each in its type."""
+
+    def __init__(self, kernels: Kernels, weights: Sequence[Weight]) -> None:
+        super().__init__()
+        self.kernels, self.weights = kernels, list(weights)
+        self.in_features = self.weights[0].width
+        self.out_features = sum(w.out_features for w in self.weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float().contiguous()
+        out = torch.empty(x.shape[0], self.out_features)
+        column = 0
+        for weight in self.weights:
+            self.kernels.matmul(weight.kind, weight.blocks, x, out, column)
+            column += weight.out_features
+        return out
+
+    def nbytes(self) -> int:
+        return sum(w.blocks.nbytes for w in self.weights)
+
+
+class NativeHead(CertifiedHead):
+    """The output layer on the native kernels (``CertifiedHead``): every logit is their product
+    of the file's blocks with the activations quantized per block, the candidates' recomputed
+    in fp32 from rows ggml dequantizes. The bound: a logit differs from the exact one by at most
+    its row's norm times the norm of what quantizing the activations changed (Cauchy-Schwarz),
+    plus the kernels' float sums (a relative (n/32 + 8) 2^-22 of |w||x|)."""
+
+    def __init__(self, kernels: Kernels, weight: Weight, chunk: int = 4096) -> None:
+        super().__init__()
+        self.kernels, self.weight = kernels, weight
+        self.linear = NativeLinear(kernels, [weight])
+        self.out_features, self.in_features = weight.out_features, weight.width
+        norms = [
+            self.rows(torch.arange(first, min(first + chunk, self.out_features))).norm(dim=1)
+            for first in range(0, self.out_features, chunk)
+        ]
+        self.norms = torch.cat(norms)
+        self.norm_max = self.norms.max()
+
+    @staticmethod
+    def fits(kernels: Kernels, weight: Weight) -> bool:
+        """Whether the bound can be told for this type (not where activations are Q8_1, whose
+        block sums are rounded again)."""
+        probe = torch.ones(1, weight.width)
+        return kernels.supports(weight.kind) and kernels.activation_error(weight.kind, probe) is not None
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.kernels.rows(self.weight.kind, self.weight.blocks, index, self.in_features)
+
+    def _approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.linear(x), x
+
+    def _slack(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, 1): the bound per unit of a row's norm."""
+        error = self.kernels.activation_error(self.weight.kind, x.contiguous())
+        assert error is not None  # ``fits``
+        sums = (self.in_features / 32 + 8) * 2**-22 * (x.norm(dim=1) + error)
+        return ((error + sums) * 1.01)[:, None]
+
+    def _loose_bound(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return self.norm_max * self._slack(x)[:, 0] + 1e-6
+
+    def _tight_bound(self, x: torch.Tensor, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.norms * self._slack(x[rows]) + 1e-6
+
+    def nbytes(self) -> int:
+        return self.linear.nbytes() + self.norms.nbytes

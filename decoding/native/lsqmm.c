@@ -1,0 +1,352 @@
+// Row-by-row quantized products on ggml's own CPU kernels, for the lean forward.
+//
+// Why: torch's 4-bit kernel is the only quantized product torch has on the CPU, and on AVX2 it is
+// no faster than fp32 (it unpacks weights to floats); llama.cpp's kernels multiply the file's
+// blocks with int8-quantized activations. This file calls them (ggml_get_type_traits_cpu:
+// from_float quantizes an activation row, vec_dot multiplies it with one weight row), one output
+// at a time, so every output is computed the same whatever the rows of the pass: batch-invariant
+// by construction. Weight rows are split among a small pool of threads that spin between calls
+// (a decode step is ~120 products ~20-100 us apart), as ggml's own threadpool does.
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <sched.h>
+#include <math.h>
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#define MAX_THREADS 64
+#define CHUNK_ROWS 16     // weight rows a thread takes at a time
+#define SPIN_ROUNDS 200000 // pause-loop rounds a worker spins before sleeping
+
+typedef struct {
+    const char *w;          // weight rows, row_bytes apart
+    size_t row_bytes;
+    const char *xq;         // activation rows quantized to vec_dot_type, xq_bytes apart
+    size_t xq_bytes;
+    ggml_vec_dot_t vec_dot;
+    int64_t n_in, n_out, rows;
+    float *y;               // (rows, ldy): outputs of this weight at columns 0..n_out
+    int64_t ldy;
+    atomic_int_fast64_t next_chunk;
+    int64_t chunks;
+} job_t;
+
+typedef struct attention_s attention_t;
+static void run_attention(attention_t *a, int slot);
+static struct attention_s attention_job;
+
+static struct {
+    int threads;
+    pthread_t workers[MAX_THREADS];
+    atomic_int generation;     // bumped for every job
+    atomic_int finished;       // workers done with the current job
+    atomic_int stop;
+    atomic_int sleepers;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    job_t job;
+    int task;  // 0: the matmul job, 1: the attention job
+    int ready;
+} pool;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void run_chunks(job_t *job) {
+    for (;;) {
+        int64_t chunk = atomic_fetch_add(&job->next_chunk, 1);
+        if (chunk >= job->chunks) return;
+        int64_t first = chunk * CHUNK_ROWS;
+        int64_t last = first + CHUNK_ROWS < job->n_out ? first + CHUNK_ROWS : job->n_out;
+        // Each activation row against this chunk's weight rows: the rows stay in cache.
+        for (int64_t r = 0; r < job->rows; r++) {
+            const char *x = job->xq + r * job->xq_bytes;
+            float *out = job->y + r * job->ldy;
+            for (int64_t o = first; o < last; o++) {
+                job->vec_dot((int) job->n_in, out + o, 0, job->w + o * job->row_bytes, 0, x, 0, 1);
+            }
+        }
+    }
+}
+
+static void *worker(void *arg) {
+    (void) arg;
+    int seen = atomic_load(&pool.generation);
+    for (;;) {
+        int spins = 0;
+        while (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen) {
+            if (atomic_load(&pool.stop)) return NULL;
+            if (++spins < SPIN_ROUNDS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool.mutex);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (atomic_load(&pool.generation) == seen && !atomic_load(&pool.stop)) {
+                pthread_cond_wait(&pool.wake, &pool.mutex);
+            }
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mutex);
+            spins = 0;
+        }
+        if (atomic_load(&pool.stop)) return NULL;
+        seen = atomic_load(&pool.generation);
+        if (pool.task == 0) {
+            run_chunks(&pool.job);
+        } else {
+            run_attention(&attention_job, (int) (intptr_t) arg);
+        }
+        atomic_fetch_add_explicit(&pool.finished, 1, memory_order_release);
+    }
+}
+
+
+// Hand the current task (``pool.task``) to the workers, do a share of it, wait for the rest.
+static void post_and_join(void) {
+    int helpers = pool.threads - 1;
+    atomic_store(&pool.finished, 0);
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mutex);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.mutex);
+    }
+    if (pool.task == 0) {
+        run_chunks(&pool.job);
+    } else {
+        run_attention(&attention_job, 0);
+    }
+    while (atomic_load_explicit(&pool.finished, memory_order_acquire) < helpers) cpu_relax();
+}
+
+// Start the pool (threads in all, the caller included); 0 on success. Idempotent.
+int lsq_init(int threads) {
+    if (pool.ready) return 0;
+    ggml_cpu_init();
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    pool.threads = threads;
+    pthread_mutex_init(&pool.mutex, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    for (int i = 0; i < threads - 1; i++) {
+        if (pthread_create(&pool.workers[i], NULL, worker, (void *) (intptr_t) (i + 1)) != 0) {
+            pool.threads = i + 1;
+            break;
+        }
+    }
+    pool.ready = 1;
+    return 0;
+}
+
+int lsq_threads(void) { return pool.threads; }
+
+// Bytes of one row of n values of ggml type `type`.
+size_t lsq_row_bytes(int type, int64_t n) { return ggml_row_size((enum ggml_type) type, n); }
+
+// The type activations are quantized to for products with `type`'s rows.
+int lsq_vec_dot_type(int type) {
+    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
+    return traits->vec_dot ? (int) traits->vec_dot_type : -1;
+}
+
+// Whether the CPU backend multiplies rows of `type` (and can quantize activations for them).
+int lsq_supports(int type) {
+    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
+    if (!traits->vec_dot) return 0;
+    const struct ggml_type_traits_cpu *x = ggml_get_type_traits_cpu(traits->vec_dot_type);
+    return traits->vec_dot_type == GGML_TYPE_F32 || x->from_float != NULL;
+}
+
+// y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed;
+// y's rows are ldy floats apart (a column slice of a wider output). `scratch` holds at least
+// rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes.
+int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
+               float *y, int64_t ldy, void *scratch) {
+    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
+    if (!pool.ready || !traits->vec_dot) return -1;
+    enum ggml_type dot_type = traits->vec_dot_type;
+    size_t xq_bytes = ggml_row_size(dot_type, n_in);
+    const char *xq = (const char *) x;
+    if (dot_type != GGML_TYPE_F32) {
+        ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+        if (!quantize) return -2;
+        for (int64_t r = 0; r < rows; r++) {
+            quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
+        }
+        xq = (const char *) scratch;
+    }
+    job_t *job = &pool.job;
+    job->w = (const char *) w;
+    job->row_bytes = ggml_row_size((enum ggml_type) type, n_in);
+    job->xq = xq;
+    job->xq_bytes = xq_bytes;
+    job->vec_dot = traits->vec_dot;
+    job->n_in = n_in;
+    job->n_out = n_out;
+    job->rows = rows;
+    job->y = y;
+    job->ldy = ldy;
+    job->chunks = (n_out + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    atomic_store(&job->next_chunk, 0);
+    if (job->chunks < 2 || pool.threads < 2) {
+        run_chunks(job);
+        return 0;
+    }
+    pool.task = 0;
+    post_and_join();
+    return 0;
+}
+
+// out (count, n) = the weight rows `ids` of type `type` at w, dequantized to fp32 as ggml does.
+int lsq_rows(int type, const void *w, int64_t n, const int64_t *ids, int64_t count, float *out) {
+    const struct ggml_type_traits *traits = ggml_get_type_traits((enum ggml_type) type);
+    size_t row_bytes = ggml_row_size((enum ggml_type) type, n);
+    if (type == GGML_TYPE_F32) {
+        for (int64_t i = 0; i < count; i++) memcpy(out + i * n, (const char *) w + ids[i] * row_bytes, row_bytes);
+        return 0;
+    }
+    if (!traits->to_float) return -1;
+    for (int64_t i = 0; i < count; i++) {
+        traits->to_float((const char *) w + ids[i] * row_bytes, out + i * n, n);
+    }
+    return 0;
+}
+
+// ggml-quants.c's dequantization of Q8_K, which its type table does not list.
+extern void dequantize_row_q8_K(const void *x, float *y, int64_t k);
+
+// x quantized as type `t` (an activation type: Q8_0, Q8_K, F16, BF16, ...) back to floats.
+static int restore(enum ggml_type t, const char *q, float *out, int64_t n) {
+    if (t == GGML_TYPE_Q8_0) {  // blocks of an fp16 scale and 32 int8 values
+        for (int64_t b = 0; b < n / 32; b++) {
+            const char *block = q + b * 34;
+            float d = ggml_fp16_to_fp32(*(const ggml_fp16_t *) block);
+            for (int i = 0; i < 32; i++) out[b * 32 + i] = d * (float) ((const int8_t *) (block + 2))[i];
+        }
+        return 0;
+    }
+    if (t == GGML_TYPE_Q8_K) {
+        dequantize_row_q8_K(q, out, n);
+        return 0;
+    }
+    const struct ggml_type_traits *traits = ggml_get_type_traits(t);
+    if (!traits->to_float) return -1;
+    traits->to_float(q, out, n);
+    return 0;
+}
+
+// For each of `rows` activation rows: the norm of (x less x as the products with `type`'s rows
+// see it: quantized to their activation type and back), what a product's error bound needs.
+// -1 where that type cannot be restored (Q8_1, whose block sums are rounded to fp16 besides).
+int lsq_activation_error(int type, const float *x, int64_t n, int64_t rows, float *out, void *scratch,
+                         float *restored) {
+    enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot_type;
+    if (dot_type == GGML_TYPE_F32) {
+        for (int64_t r = 0; r < rows; r++) out[r] = 0.0f;
+        return 0;
+    }
+    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    if (!quantize || dot_type == GGML_TYPE_Q8_1) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        quantize(x + r * n, scratch, n);
+        if (restore(dot_type, scratch, restored, n) != 0) return -1;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = (double) x[r * n + i] - (double) restored[i];
+            sum += d * d;
+        }
+        out[r] = (float) __builtin_sqrt(sum);
+    }
+    return 0;
+}
+
+// Attention for `rows` query rows at positions start, start+1, ...: row r attends to keys
+// 0..start+r. q: (rows, heads, dim) fp32, rotated and scaled; keys, values: (kv_heads, capacity,
+// dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed alone, its
+// sums in the order of the keys, so a row comes out the same in any pass: batch-invariant by
+// construction. Heads sharing a kv head (grouped queries) read the same keys.
+struct attention_s {
+    const float *q, *keys, *values;
+    float *out;
+    int64_t capacity, rows, start;
+    int heads, group, dim;
+    atomic_int_fast64_t next;
+    int64_t total;
+    float *scratch;  // (threads, capacity) scores
+};
+
+static void attend_one(attention_t *a, int64_t item, float *scores) {
+    int64_t r = item / a->heads;
+    int h = (int) (item % a->heads);
+    int kv = h / a->group;
+    int64_t n = a->start + r + 1;
+    const float *q = a->q + (r * a->heads + h) * a->dim;
+    const float *keys = a->keys + (int64_t) kv * a->capacity * a->dim;
+    const float *values = a->values + (int64_t) kv * a->capacity * a->dim;
+    float best = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        const float *k = keys + j * a->dim;
+        float s = 0.0f;
+        for (int d = 0; d < a->dim; d++) s += q[d] * k[d];
+        scores[j] = s;
+        if (s > best) best = s;
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        scores[j] = expf(scores[j] - best);
+        total += scores[j];
+    }
+    float *out = a->out + (r * a->heads + h) * a->dim;
+    for (int d = 0; d < a->dim; d++) out[d] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const float *v = values + j * a->dim;
+        float p = scores[j] / total;
+        for (int d = 0; d < a->dim; d++) out[d] += p * v[d];
+    }
+}
+
+static void run_attention(attention_t *a, int slot) {
+    float *scores = a->scratch + (int64_t) slot * a->capacity;
+    for (;;) {
+        int64_t item = atomic_fetch_add(&a->next, 1);
+        if (item >= a->total) return;
+        attend_one(a, item, scores);
+    }
+}
+
+// Run the attention of a pass (see attend_one); scratch holds threads * capacity floats.
+int lsq_attention(const float *q, const float *keys, const float *values, int64_t capacity, int64_t rows,
+                  int64_t start, int heads, int kv_heads, int dim, float *out, float *scratch) {
+    if (!pool.ready || kv_heads < 1 || heads % kv_heads) return -1;
+    attention_t *a = &attention_job;
+    a->q = q;
+    a->keys = keys;
+    a->values = values;
+    a->out = out;
+    a->capacity = capacity;
+    a->rows = rows;
+    a->start = start;
+    a->heads = heads;
+    a->group = heads / kv_heads;
+    a->dim = dim;
+    a->total = rows * heads;
+    a->scratch = scratch;
+    atomic_store(&a->next, 0);
+    if (pool.threads < 2) {
+        run_attention(a, 0);
+        return 0;
+    }
+    pool.task = 1;
+    post_and_join();
+    return 0;
+}

@@ -1,0 +1,116 @@
+"""llama.cpp's kernels on the lean forward (``decoding/native``): every GGUF type's product is the
+file's weights times the activations as llama.cpp quantizes them, each output computed alone
+(bit for bit the same in any pass), attention each row alone, and the output layer's greedy
+choice certified exact. CI builds the kernels (``.ci/run``); elsewhere these tests need
+``python -m decoding.native --build``."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import quants
+
+from decoding.native import NativeHead, NativeLinear, Weight, kernels
+from tests.test_quant import IN, INT4_KINDS, random_blocks
+
+NATIVE = kernels()
+if NATIVE is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI builds the native kernels before the tests: python -m decoding.native --build")
+    pytest.skip(
+        "the native kernels are not built (python -m decoding.native --build)", allow_module_level=True
+    )
+
+KINDS = [*INT4_KINDS, QType.F16, QType.BF16, QType.F32]
+
+
+def weight(kind: QType, rng: np.random.Generator, out: int = 96) -> tuple[Weight, np.ndarray]:
+    """A random (out, IN) weight of ``kind`` in its GGUF blocks, and its dequantized values."""
+    if kind in (QType.F16, QType.BF16, QType.F32):
+        values = rng.standard_normal((out, IN)).astype(np.float32)
+        raw = quants.quantize(values, kind) if kind != QType.F32 else values
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(out, -1)
+    else:
+        raw = np.ascontiguousarray(random_blocks(kind, rng, out))
+    return Weight(int(kind), raw, IN), quants.dequantize(raw, kind).reshape(out, IN)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
+    rng = np.random.default_rng(int(kind))
+    w, dense = weight(kind, rng)
+    layer = NativeLinear(NATIVE, [w])
+    x = torch.randn(40, IN)
+    full = layer(x)
+    want = x @ torch.from_numpy(dense).t()
+    # Rounding enters only where llama.cpp's does: activations quantized per block (8 bits).
+    assert ((full - want).abs() <= 0.02 * want.abs().max()).all(), (full - want).abs().max()
+    for first, rows in ((0, 1), (3, 2), (7, 5), (12, 17), (39, 1)):
+        assert torch.equal(layer(x[first : first + rows]), full[first : first + rows]), rows
+
+
+def test_weights_side_by_side_fill_one_output():
+    """q, k and v of different types (a Q4_K_M file keeps v in Q6_K) in one product."""
+    rng = np.random.default_rng(5)
+    parts = [weight(kind, rng, out) for kind, out in ((QType.Q4_K, 64), (QType.Q6_K, 32), (QType.Q8_0, 32))]
+    joined = NativeLinear(NATIVE, [w for w, _ in parts])
+    x = torch.randn(6, IN)
+    alone = torch.cat([NativeLinear(NATIVE, [w])(x) for w, _ in parts], dim=1)
+    assert torch.equal(joined(x), alone)
+
+
+def test_attention_is_softmax_attention_and_each_row_alone():
+    torch.manual_seed(0)
+    heads, kv_heads, dim, capacity = 6, 2, 32, 512
+    cache = torch.randn(2 * kv_heads, capacity, dim)
+    q = torch.randn(40, heads, dim) * 0.2
+    start = 300
+    got = NATIVE.attention(q, cache, start)
+    keys, values = cache[:kv_heads], cache[kv_heads:]
+    for r in (0, 17, 39):
+        for h in (0, 5):
+            n = start + r + 1
+            kv = h // (heads // kv_heads)
+            probs = torch.softmax(q[r, h] @ keys[kv, :n].t(), dim=-1)
+            assert torch.allclose(got[r, h], probs @ values[kv, :n], atol=1e-5)
+    for first, rows in ((0, 1), (5, 3), (20, 20)):
+        alone = NATIVE.attention(q[first : first + rows], cache, start + first)
+        assert torch.equal(alone, got[first : first + rows]), rows
+
+
+@pytest.mark.parametrize(
+    "kind", [QType.Q8_0, QType.Q6_K, QType.Q4_K, QType.Q5_K, QType.F16], ids=lambda k: k.name
+)
+def test_the_native_output_layers_greedy_choice_is_exact_among_any_allowed_tokens(kind):
+    """With two candidates a row's best token, or its best allowed one, is mostly outside them:
+    the bound finds it and computes it exactly (against the gguf package's own dequantization)."""
+    vocab = 1024
+    rng = np.random.default_rng(12)
+    w, dense = weight(kind, rng, vocab)
+    assert NativeHead.fits(NATIVE, w)
+    head = NativeHead(NATIVE, w)
+    assert torch.equal(head.rows(torch.arange(vocab)), torch.from_numpy(dense))
+    head.CANDIDATES, head.greedy_only = 2, True
+    x = torch.randn(24, IN)
+    fp32 = x @ torch.from_numpy(dense).t()
+    allowed = [torch.from_numpy(rng.choice(vocab, size=n, replace=False)) for n in (1, 3, 40, 700) * 5]
+    allowed += [None] * 4
+    logits = head(x, allowed)
+    for row, ids in enumerate(allowed):
+        ids = torch.arange(vocab) if ids is None else ids
+        assert ids[logits[row, ids].argmax()] == ids[fp32[row, ids].argmax()], row
+        assert logits[row].argmax() == fp32[row].argmax(), row
+    assert head.repaired > 0 or kind == QType.F16  # fp16 activations: the bound alone certifies
+    for rows in (1, 5):
+        assert torch.equal(head(x[:rows]), head(x)[:rows])
+
+
+def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
+    """Q4_1 and Q5_1 multiply with Q8_1 activations, whose block sums are rounded to fp16 again:
+    no bound, so their output layer stays on the 4-bit kernel (``QuantizedHead``)."""
+    w, _ = weight(QType.Q4_1, np.random.default_rng(1))
+    assert not NativeHead.fits(NATIVE, w)
