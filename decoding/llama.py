@@ -592,71 +592,83 @@ def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor], bool]:
     return shape, index, halves
 
 
-def from_gguf(path: str, dense: bool = False) -> LlamaForward:
-    """The model in a GGUF file, its quantized blocks kept as they are where the kernel allows;
-    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
-    shape, index, halves = gguf_index(path)
-    data = np.memmap(path, mode="r")
-    # Rows of q and k (and their biases and norms) in rotate-half order go into adjacent pairs.
-    pairs, pairs_in_head = _pair_orders(shape), _rope_order(shape.head_dim, 1)
+class GgufWeights:
+    """A GGUF file's tensors, memory-mapped, as the lean forward's parts: products on the
+    native kernels over the file's own blocks where they multiply every part (else torch's, over
+    the blocks' 4-bit terms), norms, biases. Rows of q and k (and their biases and norms) kept in
+    rotate-half order (``halves``) are permuted into adjacent pairs."""
 
-    def raw(name: str) -> tuple[GgufTensor, np.ndarray]:
-        t = index[name]
-        return t, data[t.offset : t.offset + t.nbytes]
+    def __init__(self, path: str, dense: bool) -> None:
+        self.shape, self.index, self.halves = gguf_index(path)
+        self.data = np.memmap(path, mode="r")
+        self.dense = dense
+        self.native = None if dense else kernels()
+        self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
+        self.torch_linear = _torch_linear(self.weight)
 
-    def tensor(name: str) -> QuantTensor:
-        t, blocks_bytes = raw(name)
-        blocks = decode_tensor(blocks_bytes, t.kind, (t.shape[0], t.shape[-1]))
-        return QuantTensor(blocks.shape, blocks.kind, values=blocks.dense()) if dense else blocks
+    def raw(self, name: str) -> tuple[GgufTensor, np.ndarray]:
+        t = self.index[name]
+        return t, self.data[t.offset : t.offset + t.nbytes]
 
-    def weight(kind: str, i: int) -> QuantTensor:
-        loaded = tensor(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
-        return permute_rows(loaded, pairs[kind]) if halves and kind in pairs else loaded
+    def weight(self, kind: str, i: int) -> QuantTensor:
+        """Layer i's weight ``kind`` as 4-bit terms (dense fp32 values with ``dense``)."""
+        t, raw_bytes = self.raw(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+        loaded = decode_tensor(raw_bytes, t.kind, (t.shape[0], t.shape[-1]))
+        if self.dense:
+            loaded = QuantTensor(loaded.shape, loaded.kind, values=loaded.dense())
+        return permute_rows(loaded, self.pairs[kind]) if self.halves and kind in self.pairs else loaded
 
-    def blocks(name: str, order: np.ndarray | None = None) -> Weight:
-        t, raw_bytes = raw(name)
+    def blocks(self, name: str, order: np.ndarray | None = None) -> Weight:
+        """A weight's rows in the file's own blocks (a copy only where ``order`` permutes them)."""
+        t, raw_bytes = self.raw(name)
         rows = raw_bytes.reshape(t.shape[0], -1)
         return Weight(int(t.kind), rows if order is None else np.ascontiguousarray(rows[order]), t.shape[-1])
 
-    native = None if dense else kernels()
-    torch_linear = _torch_linear(weight)
-
-    def linear(kinds: tuple[str, ...], i: int) -> torch.nn.Module:
-        """Native kernels on the file's blocks where they multiply every part, else torch's."""
+    def linear(self, kinds: tuple[str, ...], i: int) -> torch.nn.Module:
         names = [f"blk.{i}.{GGUF_NAMES[kind]}.weight" for kind in kinds]
-        if native is None or not all(native.supports(index[name].kind) for name in names):
-            return torch_linear(kinds, i)
-        orders = [pairs[kind] if halves and kind in pairs else None for kind in kinds]
-        return NativeLinear(native, [blocks(name, order) for name, order in zip(names, orders, strict=True)])
+        native = self.native
+        if native is None or not all(native.supports(self.index[name].kind) for name in names):
+            return self.torch_linear(kinds, i)
+        orders = [self.pairs[kind] if self.halves and kind in self.pairs else None for kind in kinds]
+        return NativeLinear(
+            native, [self.blocks(name, order) for name, order in zip(names, orders, strict=True)]
+        )
 
-    def values(name: str) -> torch.Tensor:
-        t, raw_values = raw(name)
+    def values(self, name: str) -> torch.Tensor:
+        t, raw_values = self.raw(name)
         return torch.from_numpy(quants.dequantize(raw_values, t.kind).astype(np.float32).reshape(-1))
 
-    def vector(kind: str, i: int | None) -> torch.Tensor:
-        return values("output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight")
+    def vector(self, kind: str, i: int | None) -> torch.Tensor:
+        return self.values("output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight")
 
-    def optional(kind: str, i: int) -> torch.Tensor | None:
+    def optional(self, kind: str, i: int) -> torch.Tensor | None:
         name = f"blk.{i}.{GGUF_OPTIONAL[kind]}"
-        if name not in index:
+        if name not in self.index:
             return None
-        found, target = values(name), kind[0]
-        if halves and kind.endswith("_norm"):
-            return found[pairs_in_head]
-        return found[pairs[target]] if halves and target in pairs else found
+        found, target = self.values(name), kind[0]
+        if self.halves and kind.endswith("_norm"):
+            return found[self.pairs_in_head]
+        return found[self.pairs[target]] if self.halves and target in self.pairs else found
 
+
+def from_gguf(path: str, dense: bool = False) -> LlamaForward:
+    """The model in a GGUF file, its quantized blocks kept as they are where a kernel takes them;
+    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
+    file = GgufWeights(path, dense)
     # The output layer: certified exact greedy choices (``CertifiedHead``) on the native kernels
     # or the 4-bit kernel where its type allows, else dense fp32 (exact for every type). Tied
     # embeddings are looked up in the same table.
-    tied = "output.weight" not in index
-    head = _output_layer(native, blocks("token_embd.weight" if tied else "output.weight"), dense)
+    tied = "output.weight" not in file.index
+    head = _output_layer(file.native, file.blocks("token_embd.weight" if tied else "output.weight"), dense)
     if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
-        table = blocks("token_embd.weight")
-        embed: Embedding = BlockEmbedding(table.blocks, index["token_embd.weight"].kind, table.width)
+        table = file.blocks("token_embd.weight")
+        embed: Embedding = BlockEmbedding(table.blocks, file.index["token_embd.weight"].kind, table.width)
+        if file.native is not None and file.native.supports(table.kind):
+            embed = functools.partial(file.native.rows, table.kind, table.blocks, width=table.width)
     else:
         embed = head.rows if isinstance(head, CertifiedHead) else DenseEmbedding(head.weight)
-    forward = _assemble(shape, linear, vector, embed, head, optional)
-    forward.formats = "+".join(sorted({t.kind.name for t in index.values()}))
+    forward = _assemble(file.shape, file.linear, file.vector, embed, head, file.optional)
+    forward.formats = "+".join(sorted({t.kind.name for t in file.index.values()}))
     return forward
 
 

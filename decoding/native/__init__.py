@@ -158,7 +158,11 @@ def kernels() -> Kernels | None:
     except OSError as exc:
         log.warning("native kernels at %s cannot be loaded (%s): torch's kernels serve", path, exc)
         return None
-    log.info("native kernels: %s, %d threads", path, loaded.threads)
+    # The kernels' threads spin between products; torch's own pool would spin against them on
+    # the same cores (a decode step took ten times as long), and what torch still runs of a pass
+    # (norms, rotary, small copies) is too small to split anyway.
+    torch.set_num_threads(1)
+    log.info("native kernels: %s, %d threads (torch's own: 1)", path, loaded.threads)
     return loaded
 
 

@@ -1,0 +1,243 @@
+"""Speed and memory on real GGUF files, ours against llama.cpp's server on the same file.
+
+For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
+through ``decoding/native``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
+process of its own (load time, resident memory with the model warm, a decode step and verify
+passes over 2, 4 and 8 tokens after ``--context`` tokens, a prefill of ``--context`` tokens),
+and llama-server (2 threads, the same file) on the same random prompt: its load time, resident
+memory, prefill and decode per token from its own ``timings``. Backends and the peer alternate
+round by round; each figure is the median over rounds.
+
+``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
+``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
+as the laptops most people have; the peer then runs the llama-server built for AVX2
+(``LLAMA_SERVER_BIN`` may name one), else it is skipped. Models: ``default``, any GGUF path, or
+a shape-true replica (``benchmarks/replicas.py``, e.g. ``qwen2.5-coder-0.5b:Q4_K_M``)::
+
+    python -m benchmarks.models_bench [--models default,qwen2.5-coder-0.5b:Q4_K_M] [--isa avx2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "models_bench.json"
+WIDTHS = (1, 2, 4, 8)
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "LSP_NATIVE_VARIANT": "avx2"}
+
+
+def model_path(spec: str) -> Path:
+    if spec == "default":
+        from decoding.models import default_gguf_path
+
+        return default_gguf_path()
+    if ":" in spec and not Path(spec).exists():
+        from benchmarks.replicas import replica
+
+        name, qtype = spec.split(":", 1)
+        return replica(name, qtype)
+    return Path(spec)
+
+
+def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
+    """One backend (the environment's), in this process."""
+    import torch
+
+    from decoding.models import load_model
+    from lsp_server.stats import process_memory
+
+    started = time.perf_counter()
+    model = load_model(path, device="cpu", dtype="float32")
+    load_s = time.perf_counter() - started
+    forward = model.forward
+    forward.greedy_only = True
+    prompt = torch.randint(
+        0, model.vocab_size, (context,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+    with torch.inference_mode():
+        started = time.perf_counter()
+        cache = forward.new_cache()
+        forward(prompt, cache, keep=1)
+        passes = {"prefill_ms_per_token": (time.perf_counter() - started) * 1000 / context}
+        for width in WIDTHS:
+            times = []
+            for _ in range(steps + 2):
+                t0 = time.perf_counter()
+                forward(prompt[:width], cache)
+                times.append((time.perf_counter() - t0) * 1000)
+                cache.crop(-width)
+            passes["step_ms" if width == 1 else f"verify{width}_ms"] = statistics.median(times[2:])
+    return {"load_s": load_s, "quantization": model.quantization, **passes, **process_memory()}
+
+
+def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LSP_NATIVE": "1" if backend == "native" else "0"}
+    if args.isa == "avx2":
+        env.update(AVX2_ENV)
+    cmd = [sys.executable, "-m", "benchmarks.models_bench", "--one", str(path)]
+    cmd += ["--context", str(args.context), "--steps", str(args.steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as answer:
+        return json.loads(answer.read())
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_peer(path: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any] | None:
+    """llama-server on the same file: load, then one prompt of ``context`` random tokens with 32
+    tokens to decode (its own timings), cache off."""
+    from benchmarks.llama_server import LlamaServer, LlamaServerError
+
+    binary = os.environ.get("LLAMA_SERVER_BIN")
+    if args.isa == "avx2" and not binary:
+        return None
+    started = time.perf_counter()
+    try:
+        server = LlamaServer(path, binary=Path(binary) if binary else None, threads=2, context=4096).start()
+    except LlamaServerError as exc:
+        print(f"llama-server: {exc}", file=sys.stderr)
+        return None
+    load_s = time.perf_counter() - started
+    try:
+        import random
+
+        rng = random.Random(0)
+        prompt = [rng.randrange(vocab) for _ in range(args.context)]
+        body = {
+            "prompt": prompt,
+            "n_predict": 32,
+            "temperature": 0,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        }
+        timings = _post(f"{server.url}/completion", body)["timings"]
+        assert server.process is not None
+        return {
+            "load_s": load_s,
+            "prefill_ms_per_token": timings["prompt_per_token_ms"],
+            "step_ms": timings["predicted_per_token_ms"],
+            "rss_mb": _rss_mb(server.process.pid),
+        }
+    finally:
+        server.stop()
+
+
+def cpu_facts() -> dict[str, str]:
+    import torch
+
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    flags = next(
+        (
+            line.split(":", 1)[1].split()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        ),
+        [],
+    )
+    simd = " ".join(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx")))
+    return {"cpu": model, "flags": simd, "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.models_bench", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--models", default="default")
+    parser.add_argument("--backends", default="native,torch")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama-server")
+    parser.add_argument("--isa", default="native", choices=["native", "avx2"])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one model, print JSON
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_ours(args.one, args.context, args.steps)))
+        return 0
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for spec in [m.strip() for m in args.models.split(",") if m.strip()]:
+        path = model_path(spec)
+        runs: dict[str, list[dict[str, Any]]] = {b: [] for b in [*backends, "llama.cpp"]}
+        for number in range(args.rounds):
+            for backend in backends if number % 2 == 0 else backends[::-1]:
+                runs[backend].append(run_ours(path, backend, args))
+                print(f"{spec} {backend}: step {runs[backend][-1]['step_ms']:.1f} ms", file=sys.stderr)
+            if not args.no_peer:
+                from gguf import GGUFReader
+
+                vocab = next(
+                    int(t.shape[1]) for t in GGUFReader(str(path)).tensors if t.name == "token_embd.weight"
+                )
+                peer = run_peer(path, args, vocab)
+                if peer is not None:
+                    runs["llama.cpp"].append(peer)
+                    print(f"{spec} llama.cpp: step {peer['step_ms']:.1f} ms", file=sys.stderr)
+        results[spec] = {b: r for b, r in runs.items() if r}
+    summary = {spec: {b: _median(r) for b, r in runs.items()} for spec, runs in results.items()}
+    print(format_table(summary, args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    config = {**vars(args), "out": str(args.out), **cpu_facts()}
+    args.out.write_text(json.dumps({"config": config, "summary": summary, "runs": results}, indent=1) + "\n")
+    return 0
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+
+
+def format_table(summary: dict[str, dict[str, dict[str, Any]]], args: argparse.Namespace) -> str:
+    facts = cpu_facts()
+    header = f"{'model':<28}{'backend':<11}{'load s':>8}{'RSS MB':>9}{'step ms':>9}{'v2':>7}{'v4':>7}"
+    lines = [
+        f"{facts['cpu']} ({facts['flags']}; torch {facts['torch_capability']})",
+        f"isa {args.isa}; context {args.context}",
+        header + f"{'v8':>7}{'pf ms/t':>9}{'x peer step':>12}",
+    ]
+    for spec, backends in summary.items():
+        peer = backends.get("llama.cpp", {}).get("step_ms")
+        for backend, s in backends.items():
+            ratio = f"{s['step_ms'] / peer:.2f}" if peer else "-"
+            lines.append(
+                f"{spec[:27]:<28}{backend:<11}{s['load_s']:>8.1f}{s['rss_mb']:>9.0f}{s['step_ms']:>9.1f}"
+                f"{s.get('verify2_ms', 0):>7.1f}{s.get('verify4_ms', 0):>7.1f}{s.get('verify8_ms', 0):>7.1f}"
+                f"{s['prefill_ms_per_token']:>9.2f}{ratio:>12}"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
