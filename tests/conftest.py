@@ -35,13 +35,13 @@ def default_tokenizer_folder(tmp_path_factory, default_model):
 
 @pytest.fixture(params=["native", "torch"])
 def kernel_backend(request, monkeypatch):
-    """Run a test on llama.cpp's kernels (where built) and on torch's (``LSP_NATIVE=0``, what a
-    machine without the build runs); forwards made inside the test take the backend."""
+    """Run a test on torch's kernels (the default) and on llama.cpp's (``LSP_NATIVE=1``, where
+    built); forwards made inside the test take the backend."""
     from decoding.native import kernels
 
-    if request.param == "torch":
-        monkeypatch.setenv("LSP_NATIVE", "0")
-    elif kernels() is None:
+    monkeypatch.setenv("LSP_NATIVE", "1" if request.param == "native" else "0")
+    kernels.cache_clear()
+    if request.param == "native" and kernels() is None:
         pytest.skip("the native kernels are not built")
     kernels.cache_clear()
     yield request.param

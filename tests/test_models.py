@@ -44,17 +44,25 @@ def save(folder, safe: bool = True):
 
 
 def test_a_local_safetensors_folder_loads(tmp_path, default_tokenizer_folder):
+    """fp32 on the CPU runs a Llama on the lean forward (rows that do not depend on the pass they
+    ride in); ``transformers_forward`` keeps transformers' own, its linear layers on the faster
+    small-batch product (cpu_matmul.py); both compute the saved model's logits."""
     from transformers import AutoTokenizer
 
     model = save(tmp_path)
     AutoTokenizer.from_pretrained(default_tokenizer_folder).save_pretrained(tmp_path)
     lm = load_model(str(tmp_path), device="cpu")
     assert lm.dtype == torch.float32 and lm.device.type == "cpu"
-    for a, b in zip(lm.model.parameters(), model.parameters(), strict=True):
+    assert lm.model is None and lm.forward is not None and lm.quantization == "none"
+    ids = torch.tensor([3, 9, 27, 5, 11])
+    with torch.inference_mode():
+        want = model(ids[None]).logits[0]
+        assert torch.allclose(lm.forward(ids, lm.forward.new_cache()), want, atol=1e-4)
+    reference = load_model(str(tmp_path), device="cpu", transformers_forward=True)
+    for a, b in zip(reference.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
-    # fp32 on the CPU: every linear layer takes the faster small-batch product (cpu_matmul.py)
-    assert all(type(m) is not torch.nn.Linear for m in lm.model.modules())
-    assert any(isinstance(m, SmallBatchLinear) for m in lm.model.modules())
+    assert all(type(m) is not torch.nn.Linear for m in reference.model.modules())
+    assert any(isinstance(m, SmallBatchLinear) for m in reference.model.modules())
     bf16 = load_model(str(tmp_path), device="cpu", dtype="bfloat16")
     assert not any(isinstance(m, SmallBatchLinear) for m in bf16.model.modules())
 

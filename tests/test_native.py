@@ -14,10 +14,10 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
-from decoding.native import NativeHead, NativeLinear, Weight, kernels
+from decoding.native import NativeHead, NativeLinear, Weight, built_kernels
 from tests.test_quant import IN, INT4_KINDS, random_blocks
 
-NATIVE = kernels()
+NATIVE = built_kernels()
 if NATIVE is None:
     if os.environ.get("CI"):
         raise RuntimeError("CI builds the native kernels before the tests: python -m decoding.native --build")

@@ -194,16 +194,18 @@ def test_the_default_model_keeps_its_quantized_blocks(default_model, fp32_model)
 
 
 @pytest.fixture(scope="module")
-def torch_kernels_model():
-    """The default model on torch's kernels, as a machine without the native build runs it."""
+def native_kernels_model():
+    """The default model on llama.cpp's kernels (``LSP_NATIVE=1``), where they are built."""
     import os
 
     from decoding.native import kernels
 
     saved = os.environ.get("LSP_NATIVE")
-    os.environ["LSP_NATIVE"] = "0"
+    os.environ["LSP_NATIVE"] = "1"
     kernels.cache_clear()
     try:
+        if kernels() is None:
+            pytest.skip("the native kernels are not built")
         return load_model("default", device="cpu", dtype="float32")
     finally:
         if saved is None:
@@ -213,14 +215,14 @@ def torch_kernels_model():
         kernels.cache_clear()
 
 
-@pytest.mark.parametrize("weights", ["quantized", "fp32", "quantized on torch's kernels"])
+@pytest.mark.parametrize("weights", ["quantized", "fp32", "quantized on llama.cpp's kernels"])
 def test_the_lean_forward_computes_each_row_the_same_in_any_pass(weights, request):
     """Bit for bit, whatever the passes a prompt is split into (a prefill, a verify pass, a step,
     a tail after KV reuse): what makes speculative greedy equal plain greedy on this model, on
     its quantized blocks and dequantized to fp32. The fp32 model runs on the lean forward's dense
     layers for this: transformers' forward picks its kernels by row count (a row differed by up
     to 1.4e-6 between a pass of one row and one of 2 to 16)."""
-    fixture = {"quantized": "default_model", "fp32": "fp32_model"}.get(weights, "torch_kernels_model")
+    fixture = {"quantized": "default_model", "fp32": "fp32_model"}.get(weights, "native_kernels_model")
     model = request.getfixturevalue(fixture)
     assert isinstance(model.forward, LlamaForward) and model.model is None
     forward = model.forward

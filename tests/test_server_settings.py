@@ -110,9 +110,9 @@ async def test_changing_the_model_reloads_it_with_progress_and_a_failure_is_show
     assert "could not load model '/nowhere/model'" in error.message and "not found" in error.message
     assert (await h.inline(client, 1, 65, uri=DOC_URI)).items == ()  # up, and answering empty
 
-    await h.configure(client, {"model": first, "draftHead": "/nowhere/head"})  # a head needs the lean forward
+    await h.configure(client, {"model": first, "draftHead": "/nowhere/head"})
     current = await h.wait_model(client, statuses=("failed",))
-    assert "draft head needs the quantized lean forward" in current["model"]["error"]
+    assert "draft head not found: /nowhere/head" in current["model"]["error"]
 
     await h.configure(client, {"model": first, "drafter": "head"})  # no head for it: auto instead
     current = await h.wait_model(client)

@@ -9,8 +9,12 @@ each output is computed the same whatever the rows of a pass: batch-invariant by
 as the lean forward needs. Where rounding enters: the activations, quantized to the weight
 type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
-Loaded once per process from the cached build; ``LSP_NATIVE=0`` turns it off (torch's kernels
-then serve, as on a machine without the build); ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build.
+Opt-in (``LSP_NATIVE=1``), loaded once per process from the cached build;
+``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Not the default: calling a kernel per output
+row from Python costs more than it saves on the machines measured (``benchmarks/models_bench.py``
+runs both backends against llama-server: a decode step is slower than torch's, and passes of
+many rows much slower, since each row's products run alone), so torch's kernels serve unless a
+user asks. What they do give today is a smaller resident set, no packed copy of the weights.
 """
 
 from __future__ import annotations
@@ -141,28 +145,36 @@ class Kernels:
 
 
 @functools.cache
-def kernels() -> Kernels | None:
-    """The native kernels, or None where they are not built or are turned off."""
-    if os.environ.get("LSP_NATIVE", "1") == "0":
-        return None
-    variant = os.environ.get("LSP_NATIVE_VARIANT", "native")
+def built_kernels(variant: str = "native") -> Kernels | None:
+    """The library of ``variant`` where it is built, whatever ``LSP_NATIVE`` says (its tests)."""
     path = built_library(variant)
     if path is None:
+        return None
+    return Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The native kernels where asked for (``LSP_NATIVE=1``) and built, else None."""
+    if os.environ.get("LSP_NATIVE", "0") != "1":
+        return None
+    variant = os.environ.get("LSP_NATIVE_VARIANT", "native")
+    try:
+        loaded = built_kernels(variant)
+    except OSError as exc:
+        log.warning("native kernels (%s) cannot be loaded (%s): torch's kernels serve", variant, exc)
+        return None
+    if loaded is None:
         log.info(
             "native kernels (%s) not built: torch's kernels serve (python -m decoding.native --build)",
             variant,
         )
         return None
-    try:
-        loaded = Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
-    except OSError as exc:
-        log.warning("native kernels at %s cannot be loaded (%s): torch's kernels serve", path, exc)
-        return None
     # The kernels' threads spin between products; torch's own pool would spin against them on
     # the same cores (a decode step took ten times as long), and what torch still runs of a pass
     # (norms, rotary, small copies) is too small to split anyway.
     torch.set_num_threads(1)
-    log.info("native kernels: %s, %d threads (torch's own: 1)", path, loaded.threads)
+    log.info("native kernels: %s, %d threads (torch's own: 1)", loaded.path, loaded.threads)
     return loaded
 
 
