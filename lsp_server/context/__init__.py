@@ -2,7 +2,8 @@
 
 A closed group that needs only a tokenizer: ``builder.py`` (the prompt's layout and healing)
 over ``syntax.py`` (tree-sitter trees), ``outline.py`` and ``budget.py`` (which rows fit),
-``snippets.py`` (other open documents), ``fim.py`` (fill-in-the-middle templates),
+``snippets.py`` (other open documents), ``fim.py`` (fill-in-the-middle templates, Qwen2.5-Coder's
+repository layout), ``repo.py`` (the repository's name and the paths in that layout),
 ``languages.py`` (grammars and comment markers) and ``tokens.py`` (the tokenizer as counted).
 The rest of the server uses only what this module exports.
 """

@@ -10,6 +10,10 @@ never on the event loop. The layout, first to last:
    dropped whole;
 3. the cursor's line up to the cursor.
 
+A model trained on a repository layout (``fim.py``'s ``qwen-repo``) gets the snippets as the
+other files' own text instead, each under its path, then the current file's path, before its FIM
+prompt (names from ``repo.py``); the rows and the cursor's line fill the prefix slot as above.
+
 Stable parts come first and the cursor-local part last, and nothing before the cursor's line
 depends on the cursor's column: the rows are chosen for a budget that reserves room for the
 cursor's line in steps of ``RESERVE_STEP`` tokens, and the snippets are chosen by the lines above
@@ -25,7 +29,9 @@ that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than th
 leaves room for the next few lines.
 
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
-``SUFFIX_SHARE`` of the budget.
+``SUFFIX_SHARE`` of the budget. The repository layout's own cost (the repository's name and the
+current file's path, with their markers) is counted like the FIM markers, outside the snippets'
+share; where it is over ``REPO_SHARE`` of the budget the prompt is the plain FIM one instead.
 
 Token healing: when the cursor is mid-word, after a space or indentation, or at a line start, the
 prompt's last token is backed up over (``decoding.healing.back_up``) and ``Prompt.healed`` holds the text
@@ -37,13 +43,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lsp_server.context import fim
 from lsp_server.context.budget import render, select_rows
 from lsp_server.context.languages import LanguageSpec, detect, grammar
 from lsp_server.context.outline import Outline, SyntaxOutline, text_outline
-from lsp_server.context.snippets import OpenDocument, Snippet, SnippetIndex
+from lsp_server.context.repo import Repository, repository_for
+from lsp_server.context.snippets import OpenDocument, Snippet, SnippetIndex, file_body
 from lsp_server.context.snippets import render as render_snippet
 from lsp_server.context.syntax import ParseCache, Window, to_bytes, window_for
 from lsp_server.context.tokens import Tokens
@@ -56,6 +63,7 @@ RESERVE_STEP = 32  # tokens: the room kept for the cursor's line grows in these 
 SNIPPET_SHARE = 0.2
 MIN_SNIPPET_LINES = 4
 SUFFIX_SHARE = 0.25
+REPO_SHARE = 0.1  # the most the repository's name and the current file's path may cost
 QUERY_LINES = 20
 STICKY_SLACK = 0.2  # of the rows' budget: left free when rows are chosen again while typing goes on
 STICKY_ROWS = 8  # the most rows the cursor may move down and still keep the rows shown above it
@@ -79,6 +87,9 @@ class ContextRequest:
     # The engine takes the suffix as text (a remote engine's own FIM: OpenAI ``suffix``, llama.cpp
     # ``/infill``): ``Prompt.suffix`` is filled without a template, within the same share.
     engine_suffix: bool = False
+    # The editor's workspace folders (URIs): the repository layout names files relative to the one
+    # that holds the document (``repo.py``); without them, the nearest folder with a ``.git``.
+    workspace_folders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,18 @@ class Shown:
     rows: frozenset[int]
     text: str
     cursor_row: int
-    snippets: str  # the snippet text the prompt began with: another one changes the start anyway
+    # the snippet text (or the repository layout's text) the prompt began with: another one
+    # changes the start anyway
+    snippets: str
+
+
+@dataclass(frozen=True)
+class RepoLayout:
+    """Where a request's prompt is in the repository layout: the repository and the current file's
+    path in it (``repo.py``)."""
+
+    repository: Repository
+    path: str
 
 
 @dataclass(frozen=True)
@@ -211,6 +233,9 @@ class ContextBuilder:
         window, outline, lines, row, cursor_text = self._outline(request.uri, text, offset, spec, budget)
 
         template = fim.resolve(request.fim_template, tokens)
+        layout = self._layout(request, template, spec, tokens, budget)
+        if template is not None and layout is None:
+            template = fim.file_only(template)
         suffix, suffix_ids, overhead = "", [], 0
         if template is not None:
             overhead = fim.overhead(template, tokens)
@@ -219,14 +244,22 @@ class ContextBuilder:
             suffix = self._suffix_text(text, offset, tokens, int(budget * SUFFIX_SHARE))
             overhead = tokens.count(suffix)
 
-        room = budget - overhead - len(suffix_ids)
+        header: list[int] = []  # the repository layout's ids, before the FIM prompt
+        if template is not None and layout is not None:
+            chosen, files = self._repo_files(request, lines, row, layout, tokens, budget)
+            name = layout.repository.name
+            header = fim.repo_ids(template, name, files, layout.path, tokens)
+            snippet_text, key = "", fim.repo_text(template, name, files, layout.path)
+        else:
+            chosen, snippet_text = self._snippets(request, lines, row, spec, tokens, budget)
+            key = snippet_text
+        room = budget - overhead - len(suffix_ids) - len(header)
         reserve = (tokens.count(clean(cursor_text)) // RESERVE_STEP + 1) * RESERVE_STEP
-        chosen, snippet_text = self._snippets(request, lines, row, spec, tokens, budget)
         rows_budget = room - reserve - tokens.count(snippet_text)
 
         head = snippet_text, cursor_text
         rows, prefix, ids = self._rows(
-            request.uri, window, outline, lines, row, head, tokens, rows_budget, room
+            request.uri, window, outline, lines, row, head, key, tokens, rows_budget, room
         )
         first_row = min(rows, default=row)
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
@@ -242,7 +275,7 @@ class ContextBuilder:
 
         stops: tuple[str, ...] = ()
         if template is not None:
-            ids = fim.assemble(template, ids, suffix_ids, tokens)
+            ids = header + fim.assemble(template, ids, suffix_ids, tokens)
             stops = template.stops
         start = window.start + sum(len(line) for line in lines[:first_row])
         return Prompt(
@@ -275,19 +308,20 @@ class ContextBuilder:
         lines: list[str],
         row: int,
         head: tuple[str, str],
+        key: str,
         tokens: Tokens,
         rows_budget: int,
         room: int,
     ) -> tuple[set[int], str, list[int]]:
         """The rows shown above the cursor, and the prompt's text before it and its ids: the rows
-        the document's last prompt showed where they still fit (``Shown``), else rows chosen
-        afresh (``budget.select_rows``), asking for less where the pieces merged into more
-        tokens than ``room``."""
-        kept = self._kept_rows(uri, window, lines, row, head[0])
+        the document's last prompt showed where they still fit (``Shown``) and what came before
+        them (``key``) is unchanged, else rows chosen afresh (``budget.select_rows``), asking for
+        less where the pieces merged into more tokens than ``room``."""
+        kept = self._kept_rows(uri, window, lines, row, key)
         if kept is not None:
             prefix, ids = self._render(kept, lines, row, head, tokens)
             if len(ids) <= room:
-                self._remember(uri, window, lines, row, kept, head[0], fits=True)
+                self._remember(uri, window, lines, row, kept, key, fits=True)
                 return kept, prefix, ids
             rows_budget -= int(rows_budget * STICKY_SLACK)  # typing outgrew them: room to grow
         rows: set[int] = set()
@@ -298,7 +332,7 @@ class ContextBuilder:
             if len(ids) <= room:
                 break
             rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
-        self._remember(uri, window, lines, row, rows, head[0], fits=len(ids) <= room)
+        self._remember(uri, window, lines, row, rows, key, fits=len(ids) <= room)
         return rows, prefix, ids
 
     def _kept_rows(
@@ -401,6 +435,14 @@ class ContextBuilder:
             kept = end
         return clean(text[offset:kept])
 
+    def _found(self, request: ContextRequest, lines: list[str], row: int) -> list[Snippet]:
+        """The snippets for the lines above the cursor's, best first, before any is cut to fit."""
+        if request.neighbor_snippets <= 0 or not request.others:
+            return []
+        query = "".join(lines[max(0, row - QUERY_LINES) : row])
+        nearby = "".join(lines[max(0, row - 200) : row])
+        return self.snippets.choose(query, request.others, request.neighbor_snippets, exclude=nearby)
+
     def _snippets(
         self,
         request: ContextRequest,
@@ -410,11 +452,9 @@ class ContextBuilder:
         tokens: Tokens,
         budget: int,
     ) -> tuple[list[Snippet], str]:
-        if request.neighbor_snippets <= 0 or not request.others:
-            return [], ""
-        query = "".join(lines[max(0, row - QUERY_LINES) : row])
-        nearby = "".join(lines[max(0, row - 200) : row])
-        found = self.snippets.choose(query, request.others, request.neighbor_snippets, exclude=nearby)
+        """The snippets as comments in the current file's language, each cut from its end to fit
+        what is left of ``SNIPPET_SHARE`` of the budget."""
+        found = self._found(request, lines, row)
         kept, parts, left = [], [], int(budget * SNIPPET_SHARE)
         for snippet in found:
             size = snippet.text.count("\n") + 1
@@ -427,6 +467,60 @@ class ContextBuilder:
                     left -= cost
                     break
         return kept, "".join(parts)
+
+    @staticmethod
+    def _layout(
+        request: ContextRequest,
+        template: fim.FimTemplate | None,
+        spec: LanguageSpec,
+        tokens: Tokens,
+        budget: int,
+    ) -> RepoLayout | None:
+        """The repository layout for this request, where the template has one and the repository's
+        name and the current file's path cost at most ``REPO_SHARE`` of the budget."""
+        if template is None or not template.repo_level:
+            return None
+        repository = repository_for(request.uri, request.workspace_folders)
+        path = clean(repository.path_of(request.uri, spec))
+        repository = replace(repository, name=clean(repository.name))
+        if fim.repo_cost(repository.name, path, tokens) > budget * REPO_SHARE:
+            return None
+        return RepoLayout(repository, path)
+
+    def _repo_files(
+        self,
+        request: ContextRequest,
+        lines: list[str],
+        row: int,
+        layout: RepoLayout,
+        tokens: Tokens,
+        budget: int,
+    ) -> tuple[list[Snippet], list[fim.RepoFile]]:
+        """The snippets as files of the repository layout: a file's snippets under its one path,
+        files in the order of their best snippet, each snippet cut from its end to fit what is
+        left of ``SNIPPET_SHARE`` of the budget (a file's path and marker counted with it)."""
+        languages = {doc.uri: doc.language_id for doc in request.others}
+        parts: dict[str, list[tuple[Snippet, int]]] = {}
+        paths: dict[str, str] = {}
+        costs: dict[str, int] = {}
+        kept: list[Snippet] = []
+        left = int(budget * SNIPPET_SHARE)
+        for snippet in self._found(request, lines, row):
+            uri = snippet.uri
+            if uri not in paths:
+                paths[uri] = clean(layout.repository.path_of(uri, detect(languages.get(uri), uri)))
+            before = costs.get(uri, 0)
+            size = snippet.text.count("\n") + 1
+            for shown in range(size, MIN_SNIPPET_LINES - 1, -1):  # cut from its end to fit its share
+                trial = [*parts.get(uri, []), (snippet, shown)]
+                cost = fim.file_cost(paths[uri], clean(file_body(trial)), tokens)
+                if cost - before <= left:
+                    parts[uri], costs[uri] = trial, cost
+                    kept.append(snippet)
+                    left -= cost - before
+                    break
+        files = [fim.RepoFile(paths[uri], clean(file_body(part))) for uri, part in parts.items()]
+        return kept, files
 
 
 __all__ = [

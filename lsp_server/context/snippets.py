@@ -10,6 +10,10 @@ The query is the lines *above* the cursor's line, not the line itself, so the ch
 change while the user types on one line and the prompt keeps its token prefix from keystroke to
 keystroke. Windows are cached per document text, so an unchanged document costs a dictionary
 lookup per request.
+
+A model without a repository layout gets them as comments in the current file (``render``); one
+with it (``fim.py``'s ``qwen-repo``) gets them as the other files' own text under their paths
+(``file_body``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lsp_server.context.languages import uri_path
+from lsp_server.context.languages import detect, uri_path
 
 WINDOW_LINES = 12
 WINDOW_STEP = 6
@@ -226,3 +230,13 @@ def render(snippet: Snippet, comment: str, lines: int | None = None) -> str:
     kept = snippet.text.split("\n")[:lines]
     body = "".join(f"{comment} {line}".rstrip() + "\n" for line in kept)
     return f"{comment} Compare this snippet from {display_path(snippet.uri)}:\n{body}"
+
+
+def file_body(parts: Sequence[tuple[Snippet, int]]) -> str:
+    """What the repository layout shows of one other file: its snippets (each its first ``lines``
+    lines) in file order, as the file has them (they are that file's text there, not comments in
+    this one), with a comment line ``...`` between two, in that file's language, so that the
+    model does not read them as one run of lines."""
+    ordered = sorted(parts, key=lambda part: part[0].first_line)
+    elision = "\n" + detect(None, ordered[0][0].uri).comment + " ...\n" if ordered else ""
+    return elision.join("\n".join(s.text.split("\n")[:lines]) for s, lines in ordered)
