@@ -25,9 +25,9 @@ Why this shape:
   near zero or even negative (within the prefill's noise): ratios are of medians, and the
   per-prompt geometric means floor each decode time at ``DECODE_FLOOR_MS``.
 * The engine prefills the prompt in one pass here, as ``generate`` does, so every method's
-  prefill is the same work. (The server prefills in chunks of ``GenerationConfig.prefill_chunk``
-  tokens so that a keystroke can cancel between them; each extra chunk streams the weights once
-  more, ~35 ms on the 2-core CPU, which would otherwise be charged to the peers' decode time.)
+  prefill is the same work. (The server prefills in passes sized to take ``decoding.pacing``'s
+  target time, so that a keystroke can cancel between them; each extra pass streams the weights
+  once more, ~35 ms on the 2-core CPU, which would otherwise be charged to the peers' decode time.)
 * A prompt ends at the cursor, often inside a token (``self.va|lue``) or after an indentation
   the next word's token would have begun with. The server heals such a cut: it backs the prompt
   up to a token boundary and makes the output begin with the text it removed. ``--heal`` does
@@ -265,7 +265,7 @@ class Bench:
         self.target, self.draft, self.heal = target, draft, heal
         self.engine = SpeculativeEngine(target)
         self.config = GenerationConfig(
-            max_new_tokens=max_new_tokens, stop_at_newline=True, prefill_chunk=ONE_PASS
+            max_new_tokens=max_new_tokens, stop_at_newline=True, prefill_chunk=ONE_PASS, prefill_ms=None
         )
         self.drafters: dict[str, Drafter | None] = {"plain": None}
         self.drafters["ngram"] = make_drafter("ngram", cost=self.engine.cost)

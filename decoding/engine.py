@@ -9,8 +9,10 @@ and returns what was decoded so far.
 With a ``PrefixCache`` and a ``cache_key`` (the server passes the document), the cache a
 generation leaves behind serves the next one on that key: only the prompt tokens after the
 longest common prefix are prefilled. The prefill runs in chunks with the cancel check between
-them, so a superseded request stops within one chunk and what it did prefill still warms the
-cache for the next keystroke.
+them, each sized by measured time to take about as long wherever it runs (``decoding.pacing``),
+so a superseded request stops within one short chunk and what it did prefill still warms the
+cache for the next keystroke. A caller that must answer early (``GenerationConfig.answer_due``)
+gets the whole lines decoded so far, and the cache keeps the rest of what was decoded.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from decoding.drafters.length import CostModel
 from decoding.healing import HealingIndex, PrefixConstraint
 from decoding.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.models import LoadedModel
+from decoding.pacing import PREFILL_PASS_MS, PrefillPace
 from decoding.results import DrafterStats, GenerationResult, GenerationStats
 from decoding.verify import (
     Acceptance,
@@ -57,7 +60,10 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
     max_draft_tokens: int = 16  # a cap: drafters pick the length from acceptance and verify cost
-    prefill_chunk: int = 256  # tokens per prefill pass; the cancel check runs between passes
+    prefill_chunk: int = 256  # the most tokens per prefill pass; the cancel check runs between passes
+    # How long a prefill pass should take (``decoding.pacing``): passes are sized from the measured
+    # time per token. None: every pass is ``prefill_chunk`` tokens (a benchmark's one-pass prefill).
+    prefill_ms: float | None = PREFILL_PASS_MS
     reuse_continuation: bool = True  # greedy: answer from a cached greedy chain the prompt lies on
     # Token healing: the generated text must begin with this (the text backed up from the prompt's
     # end). ``text`` and every stop apply to what follows it; ``token_ids`` stay all generated ids.
@@ -68,6 +74,12 @@ class GenerationConfig:
     # Decoding ahead of the user (prefetch): the cache keeps its record of what was last asked,
     # which tells how far ahead of the user's text its chain already reaches.
     ahead: bool = False
+    # Polled between passes like the cancel check: once it says an answer is due (a first-answer
+    # budget ran out), a text that holds a whole line ends after its last whole line, with the
+    # stop reason "partial". Every token decoded stays on the cache's greedy chain, so the rest
+    # can be decoded ahead and the next request answered from it. For multi-line suggestions: a
+    # single line has no whole line before its end.
+    answer_due: Callable[[], bool] | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -237,6 +249,7 @@ class SpeculativeEngine:
         prior = getattr(target.forward, "cost_prior", None)
         self.cost = cost or CostModel.for_device(target.device.type, prior)
         self.prefix_cache = prefix_cache
+        self.pace = PrefillPace()  # prefill passes sized by their measured time per token
         self._healing_masks: dict[bytes, torch.Tensor] = {}
 
     @functools.cached_property
@@ -317,15 +330,17 @@ class SpeculativeEngine:
             return borrowed, None, Draft()
         if borrowed.cache is None:
             borrowed.cache = self.target.forward.new_cache()
-        done, chunk = borrowed.reused, max(1, config.prefill_chunk)
+        done = borrowed.reused
         while True:
-            end = min(len(prompt), done + chunk)
+            end = self._chunk_end(len(prompt), done, config)
             draft = Draft()
             if end == len(prompt) and draft_for is not None:
                 with self.cost.riding(end - done):
                     draft = draft_for(borrowed.cache)
             allowed = self._masks(healing, draft) if end == len(prompt) else None
-            logits = self._forward(prompt[done:end] + draft.tokens, borrowed.cache, len(draft) + 1, allowed)
+            logits = self._prefill_pass(
+                prompt[done:end] + draft.tokens, borrowed.cache, len(draft) + 1, allowed
+            )
             done = end
             if done == len(prompt):
                 return borrowed, logits, draft
@@ -333,6 +348,27 @@ class SpeculativeEngine:
                 if store is not None:
                     store.put(cache_key, prompt[:done], borrowed.cache, ticket=borrowed.ticket)
                 return borrowed, None, draft
+
+    def _prefill_pass(
+        self, tokens: list[int], cache: Any, keep: int, allowed: list[torch.Tensor] | None
+    ) -> torch.Tensor:
+        """One prefill pass, timed: its time per token sizes the passes after it."""
+        started = self.pace.clock()
+        logits = self._forward(tokens, cache, keep, allowed)
+        self.pace.record(len(tokens), (self.pace.clock() - started) * 1000)
+        return logits
+
+    def _chunk_end(self, total: int, done: int, config: GenerationConfig) -> int:
+        """Where the next prefill pass over a prompt of ``total`` tokens, ``done`` of them in the
+        cache, ends: after as many tokens as fit in ``config.prefill_ms`` (``PrefillPace``), at
+        most ``prefill_chunk``. A remainder too short to be worth a pass of its own joins it."""
+        most = max(1, config.prefill_chunk)
+        if config.prefill_ms is None:
+            return min(total, done + most)
+        end = min(total, done + self.pace.tokens(config.prefill_ms, most))
+        if total - end < self.pace.min_tokens and total - done <= most:
+            end = total
+        return end
 
     def _known_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
         """Whether a known greedy continuation of ``prompt`` (if the cache has one) is also what
@@ -423,13 +459,32 @@ class SpeculativeEngine:
         cut = cut_of(text)
         if cut < 0:
             return generated, text, reason, consumed
-        keep = 0
-        while keep < len(generated) and len(self.decode(generated[: keep + 1])) <= skip + cut:
-            keep += 1
+        keep = self._tokens_before(generated, skip + cut)
         seen = keep + 1  # the first prefix whose text already contains a stop
         while seen < len(generated) and cut_of(self.decode(generated[:seen])[skip:]) < 0:
             seen += 1
         return generated[:keep], text[:cut], "stop", seen
+
+    def _tokens_before(self, generated: list[int], chars: int) -> int:
+        """How many leading ``generated`` tokens have their text within its first ``chars``."""
+        keep = 0
+        while keep < len(generated) and len(self.decode(generated[: keep + 1])) <= chars:
+            keep += 1
+        return keep
+
+    def _whole_lines(self, run: Run, text: str) -> tuple[list[int], str] | None:
+        """The answer of a generation whose answer is due (``GenerationConfig.answer_due``): its
+        text up to the last line end and the tokens within it. None while it is not due, or while
+        no whole line with something on it is ready (then decoding goes on until one is).
+
+        Only called while no stop has cut ``text``: it is all the generated text after the
+        required prefix, so the prefix's length is what the full text has more."""
+        due = run.config.answer_due
+        end = text.rfind("\n")
+        if due is None or end < 0 or not text[:end].strip() or not due():
+            return None
+        skip = len(self.decode(run.generated)) - len(text)
+        return run.generated[: self._tokens_before(run.generated, skip + end)], text[:end]
 
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -454,6 +509,10 @@ class SpeculativeEngine:
         while reason is None:
             if is_cancelled(cancel):
                 reason = "cancelled"
+                break
+            early = self._whole_lines(run, text)
+            if early is not None:
+                (kept, text), reason, consumed = early, "partial", len(run.generated)
                 break
             self._speculative_step(run)
             kept, text, reason, consumed = self._cut(run)

@@ -64,7 +64,7 @@ class GenerationStats:
 class GenerationResult:
     text: str
     token_ids: list[int]  # tokens whose text lies entirely before any stop; no EOS
-    stop_reason: str  # eos | max_tokens | stop | cancelled
+    stop_reason: str  # eos | max_tokens | stop | cancelled | partial (whole lines when an answer was due)
     stats: GenerationStats
 
 

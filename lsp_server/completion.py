@@ -21,7 +21,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, OpenDocument, Prompt, detect
 from lsp_server.context.builder import Shown
 from lsp_server.documents import Cursor, PositionError, locate
+from lsp_server.ending import Ending
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
 from lsp_server.postprocess import Situation
@@ -89,6 +90,14 @@ class Request:
         return f"{self.kind}:{self.uri}"
 
 
+@dataclass(frozen=True)
+class Times:
+    """A request's clock (``time.monotonic()``), counted from its arrival: the latency the user sees."""
+
+    deadline: float | None  # ``timeBudgetMs``: the decode stops
+    answer_by: float | None  # ``firstAnswerMs``: a block is answered with the lines it has
+
+
 @dataclass
 class Decoded:
     """A decode's result and the server-side time spent before the engine ran."""
@@ -123,6 +132,9 @@ class CompletionService:
         self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
         self.workspace = WorkspaceIndex()
         self._indexing: asyncio.Task | None = None
+        # Told (with the document) when a decode a budget cut short has finished as idle work:
+        # the server then has the editors ask again (``lifecycle.ask_again``).
+        self.on_warmed: Callable[[str], None] | None = None
 
     async def complete(
         self, kind: str, uri: str, document: TextDocument | None, position: types.Position, *, invoked: bool
@@ -183,9 +195,13 @@ class CompletionService:
             and self.memory.typed_ahead(uri, request.source, request.cursor.offset) is not None
         )
         self.stats.reuse["typed_ahead"] += int(typed_ahead)
+        arrived = time.monotonic()  # the budgets count from here, as the scheduler counts its own
         budget_s = settings.time_budget_ms / 1000 or None
-        deadline = time.monotonic() + budget_s if budget_s else None  # as the scheduler counts it
-        job = functools.partial(self._decode, request, asyncio.get_running_loop(), deadline)
+        times = Times(
+            deadline=arrived + budget_s if budget_s else None,
+            answer_by=arrived + settings.first_answer_ms / 1000 if settings.first_answer_ms else None,
+        )
+        job = functools.partial(self._decode, request, asyncio.get_running_loop(), times)
         outcome = await self.scheduler.run(
             request.key,
             job,
@@ -193,11 +209,7 @@ class CompletionService:
             budget_s=budget_s,
         )
         completion, note, final = self._finish(outcome, request)
-        if final and outcome.value is not None:
-            key = self._key_after(request, outcome.value)
-            self._remember(request, completion.text if completion is not None else None, key)
-        if outcome.status == "done":
-            self._after_answer(uri, settings)
+        self._after_decode(request, outcome, completion, final)
         return completion, note
 
     def _snapshot(
@@ -277,7 +289,7 @@ class CompletionService:
         self,
         request: Request,
         loop: asyncio.AbstractEventLoop,
-        deadline: float | None,
+        times: Times,
         should_stop: Callable[[], bool],
     ) -> Decoded | None:
         """On the worker: the prompt, with the tokenizer of the runtime that decodes it, and the
@@ -287,7 +299,7 @@ class CompletionService:
         if runtime is None:
             return None
         started = time.perf_counter()
-        prompt = runtime.prompt(self.context, request.context, deadline)
+        prompt = runtime.prompt(self.context, request.context, times.deadline)
         prompt_ms = (time.perf_counter() - started) * 1000
         context = self.context.state(request.uri)  # read here: the builder's thread
         result = runtime.generate(
@@ -296,7 +308,8 @@ class CompletionService:
             request.situation.ending,
             should_stop,
             cache_key=request.uri,
-            deadline=deadline,
+            deadline=times.deadline,
+            answer_by=times.answer_by,
         )
         loop.call_soon_threadsafe(self.stats.record_generation, result)  # counted even when superseded
         return Decoded(result, prompt_ms, prompt, context)
@@ -328,11 +341,50 @@ class CompletionService:
         if s.target_passes == 0 and s.known_tokens > 0:
             self.stats.reuse["from_chain"] += 1
         note = _decode_note(decoded, outcome)
-        # a cut-short or failed decode (a remote engine's "error") is no answer to remember
-        final = not outcome.budget_exhausted and result.stop_reason not in ("cancelled", "error")
+        # a cut-short or failed decode (a remote engine's "error") is no answer to remember, nor
+        # is a block answered early: asked again, the chain holds more of it by then
+        final = not outcome.budget_exhausted and result.stop_reason not in ("cancelled", "error", "partial")
         if text is None:
             return None, f"nothing to suggest ({note})", final
         return self._completion(text, request), note, final
+
+    def _after_decode(
+        self,
+        request: Request,
+        outcome: Outcome[Decoded | None],
+        completion: Completion | None,
+        final: bool,
+    ) -> None:
+        """Remember the answer, then work ahead: the rest of a block answered early, the decode
+        of a prompt the budget cut short in its prefill, or the usual idle-time work."""
+        decoded = outcome.value
+        shown = completion.text if completion is not None else None
+        partial = decoded is not None and decoded.result.stop_reason == "partial"
+        if final and decoded is not None:
+            self._remember(request, shown, self._key_after(request, decoded))
+        elif partial:
+            self._remember(request, shown, None)  # on screen (typing along it), not a repeat's answer
+        if outcome.status != "done":
+            return
+        if self._cut_in_prefill(outcome, request):
+            self._warm_up(request)
+        else:
+            self._after_answer(request.uri, request.settings, request.situation.ending if partial else None)
+
+    def _cut_in_prefill(self, outcome: Outcome[Decoded | None], request: Request) -> bool:
+        """Whether the time budget ran out before the decode's first token (a cold prefill) on
+        the local engine, whose KV cache keeps what was prefilled for the rest to go on from."""
+        decoded = outcome.value
+        if not outcome.budget_exhausted or decoded is None or self.host.local is None:
+            return False
+        result, settings = decoded.result, request.settings
+        return (
+            result.stop_reason == "cancelled"
+            and result.stats.target_passes == 0
+            and result.stats.known_tokens == 0
+            and settings.kv_cache_mb > 0
+            and settings.decoder == "speculative"
+        )
 
     def _key_after(self, request: Request, decoded: Decoded) -> Key | None:
         """The key an identical request will have after this decode: the prompt builder's state
@@ -360,25 +412,32 @@ class CompletionService:
         return Completion(text, types.Range(cursor.start_position(), cursor.line_end_position()), request.uri)
 
     # -- idle-time work ------------------------------------------------------------------------------
-    def _after_answer(self, uri: str, settings: Settings) -> None:
-        """Work ahead for the latest answer only: earlier plans are stale."""
+    def _plan(self, uri: str, work: Coroutine[Any, Any, None]) -> None:
+        """Make ``work`` the idle-time work: for the latest answer only, earlier plans are stale."""
         if self._background is not None:
             self._background.cancel()
         self._background_uri = uri
-        self._background = asyncio.ensure_future(self._work_ahead(uri, settings, self._requests_seen))
+        self._background = asyncio.ensure_future(work)
+
+    def _after_answer(self, uri: str, settings: Settings, rest: Ending | None = None) -> None:
+        """Work ahead after an answer; ``rest``: the ending of a block answered early, whose rest
+        is decoded at once (the user is reading its first lines), not after a pause."""
+        self._plan(uri, self._work_ahead(uri, settings, self._requests_seen, rest))
         if self.workspace.pending:  # e.g. the drafter setting changed: a new drafter, no index yet
             self.index_workspace()
 
-    async def _work_ahead(self, uri: str, settings: Settings, seen: int) -> None:
-        await asyncio.sleep(IDLE_BEFORE_BACKGROUND_S)
+    async def _work_ahead(self, uri: str, settings: Settings, seen: int, rest: Ending | None) -> None:
+        if rest is None:
+            await asyncio.sleep(IDLE_BEFORE_BACKGROUND_S)
         if self._requests_seen != seen or not self.host.ready:
             return  # the user typed on: the next answer will bring us back here
         documents = {u: DocumentSnapshot(d.version, d.source) for u, d in self._documents().items()}
         outcome = await self.scheduler.run_background(
-            functools.partial(self._ahead, settings, documents, uri)
+            functools.partial(self._ahead, settings, documents, uri, rest)
         )
         if outcome.value is not None:  # kept apart from the request decodes' counters
             self.stats.record_prefetch(outcome.value)
+            self.stats.prefetch["rests"] += int(rest is not None)
         elif outcome.status == "superseded":
             self.stats.prefetch["preempted"] += 1
 
@@ -387,10 +446,42 @@ class CompletionService:
         settings: Settings,
         documents: dict[str, DocumentSnapshot],
         uri: str,
+        rest: Ending | None,
         should_stop: Callable[[], bool],
     ) -> GenerationResult | None:
         self.registry.forget_on_worker()
-        return self.host.background(settings, documents, uri, should_stop)
+        return self.host.background(settings, documents, uri, should_stop, rest)
+
+    def _warm_up(self, request: Request) -> None:
+        """The budget ran out in the prefill: go on with the decode as idle work (any request
+        pre-empts it), so that the user who paused gets a suggestion without typing again."""
+        self._plan(request.uri, self._warm(request))
+
+    async def _warm(self, request: Request) -> None:
+        outcome = await self.scheduler.run_background(functools.partial(self._warm_job, request))
+        result = outcome.value
+        if result is not None:
+            self.stats.record_prefetch(result)
+        elif outcome.status == "superseded":
+            self.stats.prefetch["preempted"] += 1
+        if outcome.status != "done" or result is None or result.stop_reason == "cancelled":
+            return  # pre-empted: the request that did it has the cache as far as it got
+        self.stats.prefetch["warmed"] += 1
+        if self.on_warmed is not None:
+            self.on_warmed(request.uri)  # the editors ask only when the user types: ask them now
+
+    def _warm_job(self, request: Request, should_stop: Callable[[], bool]) -> GenerationResult | None:
+        """On the worker: the request's decode with no budget, its first answer due at once (a
+        block's first whole line is enough for the editor's next request to go on from)."""
+        self.registry.forget_on_worker()
+        runtime = self.host.local
+        if runtime is None:
+            return None
+        prompt = runtime.prompt(self.context, request.context, None)
+        ending = request.situation.ending
+        return runtime.generate(
+            prompt, request.settings, ending, should_stop, cache_key=request.uri, answer_by=time.monotonic()
+        )
 
     def index_workspace(self) -> None:
         """Bring the workspace index up to date when the worker is idle (files changed, a model

@@ -49,6 +49,9 @@ class Settings:
     # p50 at pauses 74 -> 36 ms, fewer stale answers). Worth raising for a shared remote engine.
     debounce_ms: int = 0
     time_budget_ms: int = 2000
+    # A multi-line body is answered with the lines ready this long after the request came (as
+    # llama.vim's t_max_predict_ms); the rest is decoded ahead for the next request. 0: the whole body.
+    first_answer_ms: int = 250
     enabled: bool = True
     multiline: str = "auto"  # auto: a block body where the cursor opens an empty one; never; always
     kv_cache_mb: int = 256  # per-document KV caches kept for reuse across keystrokes; 0: no reuse
@@ -190,6 +193,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "context_tokens": _int_range(16, 131072),
     "debounce_ms": _int_range(0, 10000),
     "time_budget_ms": _int_range(0, 600000),  # 0: no budget
+    "first_answer_ms": _int_range(0, 600000),  # 0: wait for the whole block
     "enabled": _bool,
     "multiline": _multiline,
     "kv_cache_mb": _int_range(0, 1 << 20),

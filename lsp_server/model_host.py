@@ -35,7 +35,7 @@ from lsp_server.runtime import EngineRuntime
 from lsp_server.sources import DocumentSnapshot, DraftSources
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
-    from decoding import GenerationResult, LoadedModel, SpeculativeEngine
+    from decoding import GenerationConfig, GenerationResult, LoadedModel, SpeculativeEngine
     from decoding.drafters import Drafter, HeadDrafter, NgramDrafter
     from decoding.kv_cache import Chain, PrefixCache
     from decoding.transformers_peer import TransformersDecoder
@@ -79,9 +79,11 @@ class Runtime:
         should_stop: Callable[[], bool],
         cache_key: str | None = None,
         deadline: float | None = None,
+        answer_by: float | None = None,
     ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
-        document) selects the KV cache and greedy chain to reuse and keep."""
+        document) selects the KV cache and greedy chain to reuse and keep. A multi-line body is
+        answered with its whole lines from ``answer_by`` on, where the chain keeps the rest."""
         from decoding import GenerationConfig
 
         engine = self.engine
@@ -93,6 +95,7 @@ class Runtime:
             required_prefix=prompt.healed,
             stop_strings=prompt.stop_strings,
             stop_when=ending.cut if ending.multiline else None,
+            answer_due=_due_at(answer_by) if ending.multiline and keeps_chains(settings, cache_key) else None,
         )
         ids = list(prompt.ids)
         if settings.decoder == "transformers":
@@ -173,6 +176,24 @@ class Runtime:
 
             self._peer = TransformersDecoder(self.engine, self.draft_model)
         return self._peer
+
+
+def keeps_chains(settings: Settings, cache_key: str | None) -> bool:
+    """Whether a document's greedy chain is kept and answers the next request from it: what an
+    early answer relies on to hand the rest of a block to the next request."""
+    return (
+        cache_key is not None
+        and settings.kv_cache_mb > 0
+        and settings.type_ahead
+        and settings.decoder == "speculative"
+    )
+
+
+def _due_at(answer_by: float | None) -> Callable[[], bool] | None:
+    """The engine's ``answer_due`` check for a first answer due at ``answer_by``."""
+    if answer_by is None:
+        return None
+    return lambda: time.monotonic() >= answer_by
 
 
 @dataclass
@@ -481,13 +502,17 @@ class ModelHost:
             runtime.forget(uri)
 
     @staticmethod
-    def _decoded_lines_ahead(engine: SpeculativeEngine, chain: Chain) -> int:
-        """Line ends the greedy chain holds past what the user has typed (the last prompt and
-        its healed text, which may itself hold a line end: a line start is healed)."""
-        asked, owed = chain.greedy_from or len(chain.tokens), ""
+    def _asked_at(chain: Chain) -> tuple[int, str]:
+        """Where the user's text ends on the chain: the last prompt's length and its healed text
+        (which may itself hold a line end: a line start is healed)."""
         if chain.asked is not None and chain.asked.prompt_tokens <= len(chain.tokens):
-            asked, owed = chain.asked.prompt_tokens, chain.asked.owed
-        return engine.decode(chain.tokens[asked:]).removeprefix(owed).count("\n")
+            return chain.asked.prompt_tokens, chain.asked.owed
+        return chain.greedy_from or len(chain.tokens), ""
+
+    def _past_asked(self, engine: SpeculativeEngine, chain: Chain) -> str:
+        """The text the greedy chain holds past what the user has typed."""
+        asked, owed = self._asked_at(chain)
+        return engine.decode(chain.tokens[asked:]).removeprefix(owed)
 
     def background(
         self,
@@ -495,29 +520,57 @@ class ModelHost:
         documents: dict[str, DocumentSnapshot],
         uri: str | None,
         should_stop: Callable[[], bool],
+        rest: Ending | None = None,
     ) -> GenerationResult | None:
-        """Idle-time work on the worker: index changed documents as draft sources, then decode the
-        line after ``uri``'s suggestion so that accepting it and moving on is answered at once.
-        Returns the prefetch's result, or None when nothing was decoded."""
+        """Idle-time work on the worker: index changed documents as draft sources, then decode
+        ahead on ``uri``'s greedy chain: the rest of a block answered early (``rest``: its
+        ending), else the line after the suggestion, so that accepting it and moving on is
+        answered at once. Returns what was decoded ahead, or None when nothing was."""
         runtime = self.local
         if runtime is None or settings.decoder != "speculative":
             return None
         engine = runtime.engine
         drafter = runtime.drafter_for(settings.drafter)
         self.sources.sync(runtime.ngram_source(), documents, uri, engine.encode, should_stop)
-        wanted = settings.prefetch and settings.type_ahead and settings.kv_cache_mb > 0
-        if not (wanted and uri) or should_stop():
+        if uri is None or not keeps_chains(settings, uri) or should_stop():
             return None
         chain = engine.prefix_cache.chain(uri)
         if chain is None or chain.greedy_from is None:
             return None
-        if self._decoded_lines_ahead(engine, chain) >= PREFETCH_LINES:
-            return None  # already decoded ahead
         from decoding import GenerationConfig
 
-        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_at_newline=True, ahead=True)
+        if rest is not None:
+            config = self._rest_of_block(engine, chain, rest, settings.max_new_tokens)
+        elif settings.prefetch and self._past_asked(engine, chain).count("\n") < PREFETCH_LINES:
+            config = GenerationConfig(
+                max_new_tokens=settings.max_new_tokens, stop_at_newline=True, ahead=True
+            )
+        else:
+            return None  # not wanted, or already decoded ahead
+        if config is None:
+            return None  # the chain already reaches the block's end
         self.prefetching = True
         try:
             return engine.generate(chain.tokens, config, drafter, cancel=should_stop, cache_key=uri)
         finally:
             self.prefetching = False
+
+    def _rest_of_block(
+        self, engine: SpeculativeEngine, chain: Chain, ending: Ending, max_new_tokens: int
+    ) -> GenerationConfig | None:
+        """How to decode on from where the chain ends to where a block answered early ends,
+        within the tokens the request itself could have decoded; None when the chain already
+        reaches the block's end (or the token limit)."""
+        from decoding import GenerationConfig
+
+        so_far = self._past_asked(engine, chain)
+        asked, _ = self._asked_at(chain)
+        remaining = max_new_tokens - (len(chain.tokens) - asked)
+        if remaining <= 0 or ending.cut(so_far) is not None:
+            return None
+
+        def block_end(text: str) -> int | None:
+            cut = ending.cut(so_far + text)
+            return None if cut is None else max(0, cut - len(so_far))
+
+        return GenerationConfig(max_new_tokens=remaining, stop_when=block_end, ahead=True)

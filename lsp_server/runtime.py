@@ -44,10 +44,14 @@ class EngineRuntime(Protocol):
         should_stop: StopCheck,
         cache_key: str | None = None,
         deadline: float | None = None,
+        answer_by: float | None = None,
     ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
         document) selects what is kept across requests (KV cache, greedy chain, streamed text).
-        Never raises for an engine's failure: an empty result says it."""
+        ``answer_by`` (``time.monotonic()``): from then on a multi-line suggestion may be answered
+        with the whole lines it has (stop reason "partial") where the runtime keeps the rest for
+        the next request; a runtime that cannot ignores it. Never raises for an engine's failure:
+        an empty result says it."""
         ...
 
     def forget(self, uri: str) -> None:

@@ -92,7 +92,7 @@ class ServerStats:
     )
     prefetch: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("runs", "completed", "preempted", "tokens", "target_passes"), 0
+            ("runs", "completed", "preempted", "tokens", "target_passes", "rests", "warmed"), 0
         )
     )
     phases_ms: dict[str, deque] = field(

@@ -206,7 +206,9 @@ def test_the_first_draft_is_verified_inside_the_prefill_pass(targets, wrong):
     drafter = RejectAt(truth + [0] * 8, len(prompt), wrong, length=6)
     engine = SpeculativeEngine(loaded(target))
     fed = record_fed_lengths(engine)
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=7, prefill_chunk=256), drafter)
+    result = engine.generate(
+        prompt, GenerationConfig(max_new_tokens=7, prefill_chunk=256, prefill_ms=None), drafter
+    )
     assert result.token_ids == truth
     assert fed[0] == len(prompt) + 6  # the prompt and the draft in one pass
     assert drafter.accepted[0] == (6 if wrong is None else wrong)
@@ -245,7 +247,9 @@ def test_a_weak_ngram_match_rides_on_the_prefill_but_does_not_buy_a_decode_pass(
     engine = SpeculativeEngine(loaded(target), cost=cost)
     auto = make_drafter("auto", cost=engine.cost)
     fed = record_fed_lengths(engine)
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=2, prefill_chunk=256), auto)
+    result = engine.generate(
+        prompt, GenerationConfig(max_new_tokens=2, prefill_chunk=256, prefill_ms=None), auto
+    )
     assert fed[0] == len(prompt) + 1  # the prompt and the 1-token draft [8]
     assert result.token_ids == plain_greedy(target, prompt, 2)
     auto.begin(prompt, GenerationConfig().sampling, None)

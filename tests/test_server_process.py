@@ -153,7 +153,9 @@ async def test_exit_without_shutdown_ends_with_code_1():
 async def test_the_process_exits_when_stdin_closes_even_in_the_middle_of_a_decode():
     server = await h.RawServer.start()
     try:
-        await server.initialize({"maxNewTokens": 2000, "multiline": True, "timeBudgetMs": 0})
+        await server.initialize(
+            {"maxNewTokens": 2000, "multiline": True, "timeBudgetMs": 0, "firstAnswerMs": 0}
+        )
         assert (await server.wait_model())["model"]["loaded"]
         server.notify(
             "textDocument/didOpen",

@@ -110,7 +110,13 @@ async def test_a_request_preempts_idle_time_decoding(client):
 
 async def test_closing_a_document_mid_decode_leaves_nothing_of_it_behind(client):
     # A decode long enough to be caught running on a fast machine: a block, up to 2000 tokens.
-    long_decode = {"maxNewTokens": 2000, "multiline": True, "debounceMs": 0, "timeBudgetMs": 0}
+    long_decode = {
+        "maxNewTokens": 2000,
+        "multiline": True,
+        "debounceMs": 0,
+        "timeBudgetMs": 0,
+        "firstAnswerMs": 0,
+    }
     await h.configure(client, {**long_decode, "prefetch": False})
     uri = "file:///work/closed_mid_decode.py"
     text = "values = ["

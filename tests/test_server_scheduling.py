@@ -1,8 +1,8 @@
 """Cancellation, supersede, debounce and the time budget, end to end through the server process.
 
 Stats are cumulative over the module's shared server, so each test compares before and after.
-The tiny model decodes thousands of tokens without a newline, so a multi-line decode of 2000
-tokens takes seconds: long enough to be interrupted for certain."""
+A multi-line decode of 2000 tokens with no first-answer budget takes the tiny model seconds:
+long enough to be interrupted for certain."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests import lsp_helpers as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LONG = {"maxNewTokens": 2000, "multiline": True, "timeBudgetMs": 0, "debounceMs": 0}
+LONG = {"maxNewTokens": 2000, "multiline": True, "timeBudgetMs": 0, "firstAnswerMs": 0, "debounceMs": 0}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

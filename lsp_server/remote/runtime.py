@@ -100,6 +100,7 @@ class RemoteRuntime:
         should_stop: Callable[[], bool],
         cache_key: str | None = None,
         deadline: float | None = None,
+        answer_by: float | None = None,  # the whole block is streamed: no early answer here
     ) -> GenerationResult:
         asked = self._asked.pop(cache_key, None) if cache_key else None
         if not settings.type_ahead:

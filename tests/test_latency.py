@@ -1,0 +1,171 @@
+"""Latency that does not scale with the CPU's slowness (issue 40, item 6), in the engine.
+
+A slow machine is simulated deterministically: the engine's forward is wrapped so that each pass
+advances a fake clock by a set time per token fed (the engine's prefill pace reads that clock),
+while the tiny model computes the real logits. Nothing here depends on how fast this CPU is.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.kv_cache import PrefixCache
+from decoding.pacing import MIN_PREFILL_TOKENS, PREFILL_PASS_MS, PrefillPace
+from tests.reference import plain_greedy
+from tests.tiny_models import loaded, tiny_model
+
+MB = 1 << 20
+AVX2_MS_PER_TOKEN = 8.6  # the default model's prefill on the AVX2-only EPYC (DESIGN.md: 4.39 s / 512)
+
+
+class SlowMachine:
+    """Wraps ``engine._forward``: each pass takes ``per_token_ms`` per token fed (plus
+    ``per_pass_ms``) on a fake clock, which the engine's prefill pace reads; records what was fed."""
+
+    def __init__(self, engine: SpeculativeEngine, per_token_ms: float, per_pass_ms: float = 0.0) -> None:
+        self.now_ms = 0.0
+        self.fed: list[int] = []
+        self.during: Callable[[float, float], None] | None = None  # called with each pass's start and end
+        forward = engine._forward
+
+        def slow_forward(tokens, cache, keep=0, allowed=None):
+            start = self.now_ms
+            self.now_ms += per_pass_ms + per_token_ms * len(tokens)
+            self.fed.append(len(tokens))
+            if self.during is not None:
+                self.during(start, self.now_ms)
+            return forward(tokens, cache, keep, allowed)
+
+        engine._forward = slow_forward
+        engine.pace = PrefillPace(clock=lambda: self.now_ms / 1000)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(31, layers=2, logit_scale=8.0, max_positions=1024)
+
+
+def prompt_of(length: int, seed: int = 3) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(64) for _ in range(length)]
+
+
+@pytest.mark.parametrize("per_token_ms", [AVX2_MS_PER_TOKEN, 2.0, 0.01])
+def test_prefill_passes_are_sized_by_their_measured_time(target, per_token_ms):
+    """A cold engine's first pass is the safe minimum; each later one holds as many tokens as fit
+    in the target time at the pace measured so far, at least the minimum, at most the old count.
+    Exact whatever the passes: the tokens are plain greedy's."""
+    engine = SpeculativeEngine(loaded(target))
+    machine = SlowMachine(engine, per_token_ms)
+    prompt = prompt_of(600)
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=4))
+    assert result.token_ids == plain_greedy(target, prompt, 4)
+    prefill = machine.fed[: len(machine.fed) - 3]  # then three one-token steps
+    assert sum(prefill) == len(prompt)
+    fitting = min(256, max(MIN_PREFILL_TOKENS, int(PREFILL_PASS_MS / per_token_ms)))
+    assert prefill[0] == MIN_PREFILL_TOKENS
+    assert all(n == fitting for n in prefill[1:-1]), prefill
+    assert prefill[-1] <= fitting + MIN_PREFILL_TOKENS
+
+
+def test_a_cancel_on_a_slow_cpu_waits_for_one_short_pass_not_a_long_one(target):
+    """On the AVX2 machine's pace a newer keystroke arriving mid-prefill stops it after the pass in
+    flight, which is the minimum pass there (the old fixed count of 256 tokens took ~2 s); what
+    was prefilled is kept for the next request."""
+    engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
+    machine = SlowMachine(engine, AVX2_MS_PER_TOKEN)
+    stop = threading.Event()
+    keystroke_ms = 500.0
+    waited: list[float] = []
+
+    def keystroke(start: float, end: float) -> None:
+        if start <= keystroke_ms < end:
+            stop.set()
+            waited.append(end - keystroke_ms)
+
+    machine.during = keystroke
+    prompt = prompt_of(600)
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cancel=stop, cache_key="d")
+    assert result.stop_reason == "cancelled"
+    assert machine.fed[-1] <= MIN_PREFILL_TOKENS  # the pass in flight when the key came
+    (wait,) = waited
+    assert wait <= MIN_PREFILL_TOKENS * AVX2_MS_PER_TOKEN
+    prefilled = sum(machine.fed)
+    resumed = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="d")
+    assert resumed.stats.reused_tokens == prefilled
+    assert resumed.token_ids == plain_greedy(target, prompt, 4)
+
+
+def test_a_pass_that_runs_slower_shrinks_the_next_one_at_once():
+    """The machine getting busier (another program starts) is what a short cancel latency must
+    survive: a slower pass is believed at once, a faster one only gradually."""
+    pace = PrefillPace()
+    pace.record(64, 64 * 0.5)
+    assert pace.tokens(PREFILL_PASS_MS, 256) == 100
+    pace.record(100, 100 * 5.0)
+    assert pace.tokens(PREFILL_PASS_MS, 256) == MIN_PREFILL_TOKENS
+    pace.record(16, 16 * 0.5)
+    assert 0.5 < pace.token_ms < 5.0
+    settled = pace.token_ms
+    pace.record(4, 4 * 100.0)  # a short pass is mostly fixed cost: not counted per token
+    assert pace.token_ms == settled
+
+
+def test_fixed_passes_where_asked(target):
+    """``prefill_ms=None`` keeps passes of ``prefill_chunk`` tokens (a benchmark's one-pass prefill)."""
+    engine = SpeculativeEngine(loaded(target))
+    machine = SlowMachine(engine, AVX2_MS_PER_TOKEN)
+    engine.generate(
+        prompt_of(600), GenerationConfig(max_new_tokens=1, prefill_chunk=1 << 20, prefill_ms=None)
+    )
+    assert machine.fed == [600]
+
+
+@pytest.fixture(scope="module")
+def liner():
+    """A tiny model whose greedy output after ``LINES_PROMPT`` is lines of seven tokens (token
+    10 is the tiny tokenizer's line end), then ``LINES_PROMPT`` and that output."""
+    model = tiny_model(0, layers=2, logit_scale=8.0)
+    rng = random.Random(0)
+    prompt = [rng.choice([10, 3, 4, 5, 6, 7]) for _ in range(30)]
+    truth = plain_greedy(model, prompt, 48)
+    assert [i for i, t in enumerate(truth[:26]) if t == 10] == [11, 18, 25]
+    return model, prompt, truth
+
+
+@pytest.mark.parametrize(("due_after_passes", "lines"), [(21, 2), (1, 1)])
+def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
+    liner, due_after_passes: int, lines: int
+):
+    """When the first answer is due (a pass takes 100 ms here), a multi-line generation ends
+    after its last whole line, never inside one: two lines when 21 tokens are decoded, else the
+    first line as soon as it is whole. Every token decoded stays on the document's greedy chain,
+    and the next request at the same place goes on from it, token for token plain greedy."""
+    model, prompt, truth = liner
+    engine = SpeculativeEngine(loaded(model), prefix_cache=PrefixCache(64 * MB))
+    machine = SlowMachine(engine, per_token_ms=0.0, per_pass_ms=100.0)
+    due_ms = 100.0 * due_after_passes
+    config = GenerationConfig(max_new_tokens=48, answer_due=lambda: machine.now_ms >= due_ms)
+    result = engine.generate(prompt, config, cache_key="d")
+    line_ends = [11, 18, 25]
+    kept = line_ends[lines - 1]
+    assert result.stop_reason == "partial"
+    assert result.token_ids == truth[:kept]
+    assert result.text == engine.decode(truth[:kept]) and not result.text.endswith("\n")
+    decoded = max(due_after_passes, kept + 1)  # the line end itself is decoded before it is cut at
+    assert engine.prefix_cache.chain("d").tokens == prompt + truth[:decoded]
+    rest = engine.generate(prompt, GenerationConfig(max_new_tokens=48), cache_key="d")
+    assert rest.token_ids == truth
+    assert rest.stats.known_tokens == decoded
+
+
+def test_an_answer_not_due_waits_for_the_generation_to_end(liner):
+    model, prompt, truth = liner
+    engine = SpeculativeEngine(loaded(model))
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=48, answer_due=lambda: False))
+    assert result.stop_reason == "max_tokens" and result.token_ids == truth

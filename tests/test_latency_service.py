@@ -1,0 +1,249 @@
+"""Latency that does not scale with the CPU's slowness (issue 40, item 6), in the request pipeline:
+the server's own ``CompletionService``, scheduler and model host, in-process.
+
+A slow CPU is simulated by wrapping the engine's forward so that every pass sleeps in proportion
+to what it feeds (the engine sizes its prefill passes from measured time, so it adapts to that as
+it would to a slow machine). The checks are on behaviour: what is answered, from where, and what
+the editors are told; never on how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+
+from lsp_server import config, lifecycle
+from lsp_server.completion import CompletionService
+from lsp_server.config import Settings
+from lsp_server.documents import LspTextDocument
+from lsp_server.model_host import ModelHost
+from lsp_server.scheduler import Scheduler
+from lsp_server.server import create_server
+from lsp_server.stats import ServerStats
+from tests.lsp_helpers import tiny_model_dir
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+WAIT_S = 60.0  # a hang guard only
+
+
+class Service:
+    """A ``CompletionService`` over one document whose text and settings a test may change."""
+
+    def __init__(self, settings: Settings, uri: str, text: str) -> None:
+        self.settings = settings
+        self.host = ModelHost()
+        self.scheduler = Scheduler()
+        self.stats = ServerStats()
+        self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings)
+        self.uri, self.text = uri, text
+        self.warmed: asyncio.Queue[str] = asyncio.Queue()
+        self.service.on_warmed = self.warmed.put_nowait
+
+    async def ask(self, offset: int | None = None, uri: str | None = None) -> str | None:
+        offset = len(self.text) if offset is None else offset
+        before = self.text[:offset]
+        position = types.Position(before.count("\n"), len(before) - (before.rfind("\n") + 1))
+        document = LspTextDocument(uri or self.uri, self.text, language_id="python")
+        item = await self.service.complete("inline", uri or self.uri, document, position, invoked=False)
+        return item.text if item is not None else None
+
+    def slow_down(self, ms_per_token: float) -> None:
+        """Every target pass sleeps ``ms_per_token`` per token it feeds: a slow CPU."""
+        engine = self.host.local.engine
+        forward = engine._forward
+
+        def slow_forward(tokens, cache, keep=0, allowed=None):
+            time.sleep(ms_per_token * len(tokens) / 1000)
+            return forward(tokens, cache, keep, allowed)
+
+        engine._forward = slow_forward
+
+
+async def started(settings: Settings, uri: str, text: str) -> Service:
+    running = Service(settings, uri, text)
+    state = await running.host.load(settings)
+    assert state is not None and state.status == "ready", state
+    return running
+
+
+# -- a budget that runs out in a cold prefill ------------------------------------------------------
+
+LONG_FILE = (
+    "".join(
+        f"def handler_{i}(request, retries={i}):\n    response = send(request, timeout={i})\n"
+        f"    if response.status != {200 + i}:\n        raise Failure(response)\n    return response\n\n\n"
+        for i in range(40)
+    )
+    + "def main(argv):\n    config = load(argv)\n    result = "
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tiny() -> AsyncIterator[Service]:
+    settings = Settings(
+        model=str(tiny_model_dir()),
+        device="cpu",
+        dtype="float32",
+        draft_head="none",
+        drafter="ngram",
+        context_tokens=400,
+        max_new_tokens=6,
+        time_budget_ms=300,
+        prefetch=False,
+        workspace_index_mb=0,
+    )
+    running = await started(settings, "file:///work/handlers.py", LONG_FILE)
+    running.slow_down(4.0)  # a 400-token prefill takes over a second: more than the budget
+    yield running
+    running.scheduler.close()
+
+
+async def test_a_prefill_the_budget_cut_short_goes_on_when_idle_and_the_editors_ask_again(tiny):
+    """The user typed and paused; the budget ran out in the cold prefill, so the answer is empty.
+    The decode goes on as idle work, the editors are told to ask again when it is done, and
+    asking again is answered from the document's greedy chain with no target pass, as a decode
+    with no budget at all answers it."""
+    budget_exhausted = tiny.stats.budget_exhausted
+    assert await tiny.ask() is None
+    assert tiny.stats.budget_exhausted == budget_exhausted + 1
+    assert await asyncio.wait_for(tiny.warmed.get(), WAIT_S) == tiny.uri
+    from_chain = tiny.stats.reuse["from_chain"]
+    again = await tiny.ask()
+    assert tiny.stats.reuse["from_chain"] == from_chain + 1
+    tiny.settings = replace(tiny.settings, time_budget_ms=0, kv_cache_mb=0)
+    try:
+        assert again == await tiny.ask(uri="file:///work/fresh.py")  # no budget, no reuse
+    finally:
+        tiny.settings = replace(tiny.settings, time_budget_ms=300, kv_cache_mb=256)
+
+
+async def test_a_request_preempts_the_prefill_going_on_when_idle(tiny):
+    """Any request stops the idle-time prefill at its next pass (as prefetch), and the editors
+    are not asked again for it; the request goes on from what was prefilled."""
+    tiny.text = LONG_FILE.replace("handler_", "route_")  # a cold prompt again
+    assert await tiny.ask() is None
+    warmed = tiny.stats.prefetch["warmed"]
+    tiny.settings = replace(tiny.settings, time_budget_ms=0)
+    try:
+        tiny.text += "x"  # the user typed on
+        assert await tiny.ask() is not None
+    finally:
+        tiny.settings = replace(tiny.settings, time_budget_ms=300)
+    await asyncio.sleep(0.5)
+    assert tiny.stats.prefetch["warmed"] == warmed and tiny.warmed.empty()
+
+
+# -- a multi-line body answered with the lines ready at the first-answer budget -------------------
+
+STACK = (
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+    "    def push(self, item):\n        self.items.append(item)\n\n    def pop(self):\n        "
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def real() -> AsyncIterator[Service]:
+    settings = Settings(time_budget_ms=120000, first_answer_ms=0, prefetch=False, workspace_index_mb=0)
+    running = await started(settings, "file:///work/stack.py", STACK)
+    yield running
+    running.scheduler.close()
+
+
+async def eventually(check, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.real_model
+async def test_a_block_is_answered_with_its_whole_lines_and_the_rest_comes_from_the_chain(real):
+    """On a slow CPU (every pass takes 150 ms) a block body is answered with the whole lines
+    ready at the first-answer budget, never a partial line; the rest is decoded ahead at once,
+    and after the user accepts and starts the next line, that line comes from the document's
+    greedy chain with no target pass, as the whole block decoded in one go has it."""
+    whole = await real.ask(uri="file:///work/whole.py")  # no first-answer budget, fast
+    assert whole is not None and whole.count("\n") >= 3, whole
+    real.settings = replace(real.settings, first_answer_ms=250)
+    engine = real.host.local.engine
+    forward = engine._forward
+
+    def slow_forward(tokens, cache, keep=0, allowed=None):
+        time.sleep(0.15)
+        return forward(tokens, cache, keep, allowed)
+
+    engine._forward = slow_forward
+    shown = await real.ask()
+    assert shown is not None and shown.count("\n") < whole.count("\n")
+    assert whole.startswith(shown + "\n"), (shown, whole)  # whole lines only
+    assert real.stats.stop_reasons.get("partial") == 1
+    await eventually(lambda: real.stats.prefetch["rests"] == 1, "the rest decoded ahead")
+    following = whole[len(shown) + 1 :].split("\n")[0]
+    indentation = following[: len(following) - len(following.lstrip())]
+    real.text += shown + "\n" + indentation  # accepted, Enter, and the editor indents
+    from_chain = real.stats.reuse["from_chain"]
+    assert await real.ask() == following.strip()
+    assert real.stats.reuse["from_chain"] == from_chain + 1
+
+
+# -- how the editors are told to ask again --------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """What a server sent through pygls' work-done progress, in order."""
+
+    sent: list[tuple[str, str, Any]] = field(default_factory=list)
+    refuse: bool = False
+
+    async def create_async(self, token: str) -> None:
+        if self.refuse:
+            raise RuntimeError("refused")
+        self.sent.append(("create", token, None))
+
+    def begin(self, token: str, value: types.WorkDoneProgressBegin) -> None:
+        self.sent.append(("begin", token, value))
+
+    def end(self, token: str, value: types.WorkDoneProgressEnd) -> None:
+        self.sent.append(("end", token, value))
+
+
+@dataclass
+class Client:
+    """Enough of a pygls server for ``lifecycle``: the client's capabilities and progress."""
+
+    work_done_progress: Progress
+    client_capabilities: types.ClientCapabilities
+
+
+def client_with(progress: bool, refuse: bool = False) -> Client:
+    window = types.WindowClientCapabilities(work_done_progress=progress)
+    return Client(Progress(refuse=refuse), types.ClientCapabilities(window=window))
+
+
+async def test_the_editors_are_asked_again_as_when_a_load_ends():
+    """A progress under the load prefix, created, begun and ended: what both editor clients ask
+    again on (``LOAD_PROGRESS_PREFIX`` in the VS Code extension, ``M.LOAD_PROGRESS`` in Neovim's)."""
+    client = client_with(progress=True)
+    await lifecycle.ask_again(client, "suggestion ready for handlers.py")
+    kinds = [kind for kind, _, _ in client.work_done_progress.sent]
+    assert kinds == ["create", "begin", "end"]
+    (token,) = {token for _, token, _ in client.work_done_progress.sent}
+    assert token.startswith("lsp_server/load/")
+    for progress in (False, True):  # no progress support, or a client that refuses the token
+        quiet = client_with(progress=progress, refuse=True)
+        await lifecycle.ask_again(quiet, "suggestion ready")
+        assert quiet.work_done_progress.sent == []
+
+
+def test_the_server_asks_the_editors_again_when_a_cut_short_decode_is_done():
+    server = create_server(config.from_cli())
+    assert server.service.on_warmed == server.ask_again
