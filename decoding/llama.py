@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from decoding.native import Kernels, NativeHead, NativeLinear, Weight, kernels
+from decoding.native import Kernels, NativeHead, NativeLinear, Weight, kernels, kernels_for
 from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.quant.layers import (
     INT4_N_MULTIPLE,
@@ -253,6 +253,7 @@ class LlamaForward:
         layers: list[LlamaLayer],
         norm: torch.Tensor,
         head: torch.nn.Module,
+        native: Kernels | None = None,
     ) -> None:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
         self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
@@ -267,9 +268,10 @@ class LlamaForward:
         # they are, so q, k and v come out of one multiply.
         self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
         self.unrotated = torch.ones(1, shape.kv_heads, half, dtype=torch.complex64)
-        # Attention on the native kernels where they are built (one call a layer, each row on its
-        # own); else torch's products, padded to the rows this CPU needs (``attention_row_floor``).
-        self.native = kernels()
+        # Attention on the native kernels where the products run there (one call a layer, each row
+        # on its own); else torch's products, padded to the rows this CPU needs
+        # (``attention_row_floor``).
+        self.native = native
         self.min_attention_rows = 1 if self.native else attention_row_floor(shape.kv_heads, shape.head_dim)
 
     @property
@@ -457,7 +459,13 @@ PRODUCTS = {"qkv": ("q", "k", "v"), "out": ("o",), "gate_up": ("gate", "up"), "d
 
 
 def _assemble(
-    shape: LlamaShape, linear, vector, embed: Embedding, head: torch.nn.Module, optional=None
+    shape: LlamaShape,
+    linear,
+    vector,
+    embed: Embedding,
+    head: torch.nn.Module,
+    optional=None,
+    native: Kernels | None = None,
 ) -> LlamaForward:
     """``linear(names, i)`` gives layer i's product over the weights ``names`` (``PRODUCTS``),
     ``vector(name, i)`` a norm's fp32 weights, ``optional(name, i)`` an fp32 bias (``q_bias``,
@@ -476,7 +484,7 @@ def _assemble(
                 k_norm=optional("k_norm", i),
             )
         )
-    return LlamaForward(shape, embed, layers, vector("norm", None), head)
+    return LlamaForward(shape, embed, layers, vector("norm", None), head, native)
 
 
 def _torch_linear(weight):
@@ -602,7 +610,7 @@ class GgufWeights:
         self.shape, self.index, self.halves = gguf_index(path)
         self.data = np.memmap(path, mode="r")
         self.dense = dense
-        self.native = None if dense else kernels()
+        self.native = None if dense else kernels_for(int(t.kind) for t in self.index.values())
         self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
         self.torch_linear = _torch_linear(self.weight)
 
@@ -667,7 +675,7 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
             embed = functools.partial(file.native.rows, table.kind, table.blocks, width=table.width)
     else:
         embed = head.rows if isinstance(head, CertifiedHead) else DenseEmbedding(head.weight)
-    forward = _assemble(file.shape, file.linear, file.vector, embed, head, file.optional)
+    forward = _assemble(file.shape, file.linear, file.vector, embed, head, file.optional, file.native)
     forward.formats = "+".join(sorted({t.kind.name for t in file.index.values()}))
     return forward
 
@@ -775,7 +783,7 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
     else:
         head = DenseHead(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
-    forward = _assemble(shape, _torch_linear(weight), vector, embed, head, optional)
+    forward = _assemble(shape, _torch_linear(weight), vector, embed, head, optional, kernels())
     forward.formats = f"int{bits}" if bits else "F32"
     return forward
 

@@ -114,3 +114,38 @@ def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
     no bound, so their output layer stays on the 4-bit kernel (``QuantizedHead``)."""
     w, _ = weight(QType.Q4_1, np.random.default_rng(1))
     assert not NativeHead.fits(NATIVE, w)
+
+
+@pytest.mark.parametrize(
+    "kind,setting,native",
+    [
+        (QType.Q8_0, None, False),  # Q4_0/Q4_1/Q8_0 files: torch's batched 4-bit kernel by default
+        (QType.Q5_0, None, True),  # 5-bit blocks (and K-quants): llama.cpp's kernels by default
+        (QType.Q5_0, "0", False),
+        (QType.Q8_0, "1", True),
+    ],
+)
+def test_each_file_takes_the_kernels_its_types_run_fastest_on(kind, setting, native, tmp_path, monkeypatch):
+    """The choice is the file's (and ``LSP_NATIVE``'s), never a timing: products, attention and
+    output layer all on the chosen kernels, and the forward computes the model either way."""
+    from decoding.llama import from_gguf
+    from decoding.native import kernels
+    from tests.test_architectures import VOCAB, tiny, write_gguf
+
+    if setting is None:
+        monkeypatch.delenv("LSP_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("LSP_NATIVE", setting)
+    kernels.cache_clear()
+    model = tiny("qwen2", seed=5)
+    path = tmp_path / f"{kind.name}.gguf"
+    write_gguf(model, "qwen2", path, kind)
+    forward = from_gguf(str(path))
+    assert (forward.native is not None) == native
+    products = [m for layer in forward.layers for m in vars(layer).values() if isinstance(m, torch.nn.Module)]
+    assert len(products) == 4 * len(forward.layers)  # qkv, out, gate_up, down
+    assert all(isinstance(m, NativeLinear) == native for m in products)
+    tokens = [(7 * i) % VOCAB for i in range(40)]
+    want = model(input_ids=torch.tensor([tokens])).logits[0]
+    assert torch.allclose(forward(tokens, forward.new_cache()), want, atol=0.15)
+    kernels.cache_clear()

@@ -9,12 +9,12 @@ each output is computed the same whatever the rows of a pass: batch-invariant by
 as the lean forward needs. Where rounding enters: the activations, quantized to the weight
 type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
-Opt-in (``LSP_NATIVE=1``), loaded once per process from the cached build;
-``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Not the default: calling a kernel per output
-row from Python costs more than it saves on the machines measured (``benchmarks/models_bench.py``
-runs both backends against llama-server: a decode step is slower than torch's, and passes of
-many rows much slower, since each row's products run alone), so torch's kernels serve unless a
-user asks. What they do give today is a smaller resident set, no packed copy of the weights.
+Chosen per file (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster and in
+about half the memory of torch's terms; a file of Q4_0/Q4_1/Q8_0 blocks stays on torch's
+batched 4-bit kernel, which beat one kernel call per output row on those
+(``benchmarks/models_bench.py`` runs both against llama-server). ``LSP_NATIVE=1`` or ``0``
+forces either; ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from
+the cached build.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import ctypes
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,11 +153,34 @@ def built_kernels(variant: str = "native") -> Kernels | None:
     return Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
 
 
+# GGUF types whose files torch's 4-bit kernel serves by default: one 4-bit term a weight (Q4_0,
+# Q4_1), or Q8_0's two beside them, as in the default model, where torch's batched kernel beat
+# llama.cpp's called per output. Any other type (5-bit and K-quants as padded or extra terms,
+# 16-bit floats as dense fp32) makes llama.cpp's kernels the faster and smaller choice.
+TORCH_KINDS = frozenset({0, 2, 3, 8})  # F32, Q4_0, Q4_1, Q8_0
+
+
 @functools.cache
 def kernels() -> Kernels | None:
-    """The native kernels where asked for (``LSP_NATIVE=1``) and built, else None."""
-    if os.environ.get("LSP_NATIVE", "0") != "1":
+    """The native kernels where asked for everywhere (``LSP_NATIVE=1``) and built, else None."""
+    return _serving() if os.environ.get("LSP_NATIVE") == "1" else None
+
+
+def kernels_for(kinds: Iterable[int]) -> Kernels | None:
+    """The native kernels for a GGUF holding tensors of ``kinds``, or None for torch's:
+    ``LSP_NATIVE=1`` always, ``0`` never, unset where the file holds a type outside
+    ``TORCH_KINDS`` and the kernels are built. Decided by the file, not by a timed probe, so
+    that one file always gives the same output on one machine."""
+    setting = os.environ.get("LSP_NATIVE", "auto")
+    if setting == "1":
+        return kernels()
+    if setting == "0" or set(kinds) <= TORCH_KINDS:
         return None
+    return _serving()
+
+
+def _serving() -> Kernels | None:
+    """The built kernels of ``LSP_NATIVE_VARIANT``, torch set to one thread beside them."""
     variant = os.environ.get("LSP_NATIVE_VARIANT", "native")
     try:
         loaded = built_kernels(variant)
