@@ -31,12 +31,15 @@ SAMPLE = 'def greet(name):\n    message = "hello " + name\n    return message\n\
 
 @functools.cache
 def tokenizer_source() -> Path:
-    """The converted default model's folder (it holds tokenizer.json), converting it once if absent."""
-    from decoding.models import cache_root
+    """The converted default model's folder (it holds tokenizer.json), converting it once if absent.
+    Only the default model's: the cache also holds other GGUFs' folders (a benchmark's replicas)."""
+    from decoding.models import cache_root, default_gguf_path, file_sha256
+
+    prefix = file_sha256(default_gguf_path())[:32]
 
     def find() -> Path | None:
         root = cache_root()
-        found = sorted(p for p in root.glob("*") if (p / "tokenizer.json").is_file()) if root.is_dir() else []
+        found = sorted(p for p in root.glob(f"{prefix}-*") if (p / "tokenizer.json").is_file())
         return found[0] if found else None
 
     folder = find()
