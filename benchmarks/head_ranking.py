@@ -52,8 +52,7 @@ def fp32_greedy(head: QuantizedHead, hidden: torch.Tensor, slice_rows: int = 409
 
 def greedy_head(head: QuantizedHead, greedy_only: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     def run(x: torch.Tensor) -> torch.Tensor:
-        head.greedy_only = greedy_only
-        return head(x)
+        return head(x, greedy_only=greedy_only)
 
     return run
 
@@ -89,11 +88,9 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
                 rank = (scores > scores.gather(1, want[:, None])).sum(-1)
                 held[name] += int((rank < QuantizedHead.CANDIDATES).sum())
                 worst[name] = max(worst[name], int(rank.max()))
-            head.greedy_only = True
             repaired -= head.repaired
-            greedy_same += int((head(hidden).argmax(-1) == want).sum())
+            greedy_same += int((head(hidden, greedy_only=True).argmax(-1) == want).sum())
             repaired += head.repaired
-            head.greedy_only = False
             positions += len(chunk)
     return {
         "positions": positions,

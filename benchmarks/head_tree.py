@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.head import expected_tokens_per_pass, load_head, output_rows, shipped_head
+from decoding.head import expected_tokens_per_pass, load_head, shipped_head
 from decoding.head_features import shard_batches
 from decoding.train_head import Target, agreement, chain_outputs, features, stdlib_root
 
@@ -49,7 +49,7 @@ def first_choices(head, target: Target, shards: list[Path], top: int = 3) -> tup
     """How often the head's k-th best token at the first draft position is the target's greedy
     one; and by the head's probability for its first choice (in tenths), the share of positions
     and how often that choice agrees: what drafting by confidence relies on."""
-    rows_out = output_rows(target.model.forward, head.vocab)
+    rows_out = target.model.forward.output_rows(head.vocab)
     hits, seen = [0] * top, 0
     in_bin, agree_in_bin = torch.zeros(BINS), torch.zeros(BINS)
     for tokens, hidden in shard_batches(shards, 8, 0):

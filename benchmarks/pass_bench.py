@@ -62,14 +62,12 @@ def measure_one(
     model = _load(fmt, device, dtype)
     load_s = time.perf_counter() - started
     forward = model.forward
-    if hasattr(forward, "greedy_only"):
-        forward.greedy_only = True  # as the server's greedy generations run it
     prompt = torch.randint(0, model.vocab_size, (context,)).tolist()
     on_gpu = model.device.type == "cuda"
 
     def timed(tokens: list[int], cache: Any, keep: int = 0) -> float:
         t0 = time.perf_counter()
-        forward(tokens, cache, keep)
+        forward(tokens, cache, keep, greedy_only=True)  # as the server's greedy generations run it
         if on_gpu:  # the pass is queued, not done, when the call returns
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1000

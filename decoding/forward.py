@@ -21,13 +21,16 @@ class ModelPass(Protocol):
     vocab_size: int
     # Relative cost of a pass over n tokens, where the pass knows it (None: the device's default).
     cost_prior: dict[int, float] | None
-    # A pass may also have ``greedy_only`` (bool, False by default): the engine sets it for each
-    # generation, True when only each row's greedy token will be read, so the pass may give
-    # logits that cannot be any row's greedy choice approximately (``decoding.llama.LlamaForward``).
-    # Sampling sets it False.
+    # Which draft head fits this forward (``decoding.llama.LlamaForward.fingerprint``); None where
+    # its cache keeps no hidden states for a head to read.
+    fingerprint: str | None
 
     def new_cache(self) -> Any:
         """An empty cache for this model (``crop`` and ``get_seq_length`` as above)."""
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the output layer, fp32 on the forward's device (what a draft head
+        scores its features against)."""
 
     def __call__(
         self,
@@ -35,17 +38,24 @@ class ModelPass(Protocol):
         cache: Any,
         keep: int = 0,
         allowed: Sequence[torch.Tensor | None] | None = None,
+        greedy_only: bool = False,
     ) -> torch.Tensor:
         """Feed ``tokens`` after ``cache`` (which then holds them too); the logits of the last
         ``keep`` positions (0: all), as a (rows, vocab) tensor. ``allowed``: for each returned
         row (None, or a row's None: every token), the token ids its greedy choice is made among
-        (token healing's constraint); the argmax over them must be the exact model's."""
+        (token healing's constraint); the argmax over them must be the exact model's.
+        ``greedy_only``: the caller reads only each row's greedy choices (over all tokens and over
+        ``allowed``), so a pass may leave logits that cannot be one approximate and spend its
+        time certifying the choices instead (``decoding.quant.layers.CertifiedHead``); sampling
+        reads every logit and passes False. Given with each pass, never kept as state, so two
+        generations sharing a forward cannot change what the other's pass computes."""
 
 
 class TransformersPass:
     """``ModelPass`` over a transformers causal LM and a ``GrowingLayer`` cache."""
 
     cost_prior = None  # fp32 CPU and accelerators: the device defaults in drafters/length.py
+    fingerprint = None  # transformers' caches keep no hidden states for a draft head
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -54,6 +64,9 @@ class TransformersPass:
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight[ids.to(self.device)].float()
 
     def new_cache(self) -> Any:
         from decoding.growing_cache import new_cache
@@ -66,8 +79,9 @@ class TransformersPass:
         cache: Any,
         keep: int = 0,
         allowed: Sequence[torch.Tensor | None] | None = None,
+        greedy_only: bool = False,
     ) -> torch.Tensor:
-        """Every logit as the model computes it (``allowed`` changes nothing)."""
+        """Every logit as the model computes it (``allowed`` and ``greedy_only`` change nothing)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]

@@ -2,11 +2,12 @@
 
 Why a graph: a decode step of a small model on a GPU is bound by launches, not by arithmetic.
 SmolLM2-135M's step is hundreds of small kernels (30 layers of norms, products, rotary, attention);
-eager PyTorch spends tens of microseconds of host time on each (transformers' bf16 step: 28.7 ms
-on the H100 this was measured on), while the GPU mostly waits. A CUDA graph records the kernels
-of one pass once and replays them with one launch: 3.5 ms a step there, every kernel back to
-back. What is left is the kernels' own count (~20 a layer); ``torch.compile`` over the pass,
-measured there too, took 42 s to warm up and gave 3.8 ms, so it is not used.
+eager PyTorch spends tens of microseconds of host time on each while the GPU mostly waits. A CUDA
+graph records the kernels of one pass once and replays them with one launch, every kernel back to
+back, several times faster than the eager step; what is left is the kernels' own count (~20 a
+layer). ``torch.compile`` over the pass gained too little for its warm-up, so it is not used.
+(Figures: ``benchmarks/README.md``, "Measurements behind design choices", from ``pass_bench.py
+--device cuda``.)
 
 Why one width: speculative greedy output must equal plain greedy decoding token for token. GPU
 matrix libraries choose kernels by shape, and two kernels add a row's products in different
@@ -16,9 +17,8 @@ exactly ``width`` rows, padded, and attends over the cache's whole capacity, mas
 then computed by the same kernels on the same shapes whatever pass it rode in: batch-invariant by
 construction, in any dtype (``tests/test_graphed.py`` checks it bit for bit). The price is small
 on a GPU: a pass of 1 and of 16 rows cost the same (both read every weight once), but a prefill
-of n tokens takes ceil(n / width) replays (512 tokens: 185 ms measured before attention became
-one fused call, where transformers' one eager pass takes 30 ms; prefix reuse across keystrokes
-makes most prefills a few tokens).
+of n tokens takes ceil(n / width) replays, several times transformers' one eager pass over the
+same tokens; prefix reuse across keystrokes makes most prefills a few tokens.
 
 Each cache owns its buffers (keys and values for ``capacity`` positions) and its graph, captured
 at its first pass; the graphs share one memory pool for their intermediates (none outlives its
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from decoding.head import target_fingerprint
 from decoding.llama import LlamaForward, LlamaShape
 
 log = logging.getLogger(__name__)
@@ -112,8 +111,8 @@ class GraphedForward:
         self.rotary = lean.rotary[: self.capacity].to(device)
         self.head_scale = lean.head_scale.to(device)
         # Which target a draft head was trained for: the lean forward's own fingerprint, since
-        # this one's weights are rounded to ``dtype`` (``decoding.head.target_fingerprint``).
-        self.fingerprint = target_fingerprint(lean)
+        # this one's weights are rounded to ``dtype`` (``LlamaForward.fingerprint``).
+        self.fingerprint = lean.fingerprint
         # A pass of up to ``width`` tokens costs one replay; the engine's cost model starts here.
         self.cost_prior = {n: float(math.ceil(n / width)) for n in (1, width, width + 1, 4 * width)}
         self._ids = torch.zeros(width, dtype=torch.long, device=device)
@@ -136,7 +135,7 @@ class GraphedForward:
         return self.table[ids.to(self.device)].float()
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the output layer, fp32 on the device (``decoding.head.output_rows``)."""
+        """Rows of the output layer, fp32 on the device (``ModelPass.output_rows``)."""
         return self.output[ids.to(self.device)].float()
 
     def nbytes(self) -> int:
@@ -155,9 +154,11 @@ class GraphedForward:
         cache: GraphedCache,
         keep: int = 0,
         allowed: Sequence[torch.Tensor | None] | None = None,
+        greedy_only: bool = False,
     ) -> torch.Tensor:
         """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all),
-        every one computed by the same dense layer (``allowed`` changes nothing)."""
+        every one computed by the same dense layer (``allowed`` and ``greedy_only`` change
+        nothing)."""
         tokens = list(tokens)
         if not tokens:
             return self._logits[:0].clone()

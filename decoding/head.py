@@ -283,33 +283,6 @@ def load_head(folder: Path, dtype: torch.dtype = torch.float32) -> DraftHead:
     return head.eval()
 
 
-def output_rows(forward, ids: torch.Tensor) -> torch.Tensor:
-    """Rows of a lean forward's output layer, fp32 (a quantized layer's rows dequantized; a
-    graphed forward's on its device)."""
-    if hasattr(forward, "output_rows"):
-        return forward.output_rows(ids)
-    head = forward.head
-    if hasattr(head, "rows"):
-        return head.rows(ids)
-    return head.weight[ids].float()
-
-
-def target_fingerprint(forward) -> str | None:
-    """Which target a head was trained for: a lean forward's shape and a digest of its final norm
-    and its first output rows; None for a forward without hidden states for a head. A graphed
-    forward carries the fingerprint of the lean forward it was made from."""
-    if hasattr(forward, "fingerprint"):
-        return forward.fingerprint
-    if not hasattr(forward, "norm") or not hasattr(forward, "shape"):
-        return None
-    import hashlib
-
-    s = forward.shape
-    digest = hashlib.sha256(forward.norm.detach().float().numpy().tobytes())
-    digest.update(output_rows(forward, torch.arange(min(16, s.vocab))).detach().float().numpy().tobytes())
-    return f"{s.layers}x{s.dim}x{s.vocab}:{digest.hexdigest()[:16]}"
-
-
 def shipped_head(target: str) -> Path | None:
     """The folder of a shipped head trained for the target with this fingerprint, if any."""
     for config in sorted(SHIPPED.glob(f"*/{CONFIG_NAME}")):

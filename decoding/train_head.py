@@ -49,9 +49,7 @@ from decoding.head import (
     chain_mask,
     expected_tokens_per_pass,
     load_head,
-    output_rows,
     shipped_head,
-    target_fingerprint,
 )
 from decoding.head_features import (
     BatchFeatures,
@@ -99,11 +97,11 @@ class Target:
     def load(cls, spec: str, quantization: str = "auto") -> Target:
         model = load_model(spec, device="cpu", quantization=quantization)
         forward = model.forward
-        if target_fingerprint(forward) is None:
+        if forward.fingerprint is None:
             raise SystemExit(
                 f"{spec}: a draft head needs the lean forward (a Llama-family GGUF or int4/int8)"
             )
-        return cls(model, target_fingerprint(forward))
+        return cls(model, forward.fingerprint)
 
     def encode(self, text: str) -> list[int]:
         return list(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -118,7 +116,9 @@ class Target:
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's own greedy next token after each hidden state (its full output layer)."""
-        return torch.cat([self.model.forward.head(chunk).argmax(-1) for chunk in hidden.split(256)])
+        return torch.cat(
+            [self.model.forward.head(chunk, greedy_only=True).argmax(-1) for chunk in hidden.split(256)]
+        )
 
 
 # -- features ----------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def train(head: DraftHead, target: Target, source: FeatureSource, args, folder: 
     done = progress["epochs"]
     device = source.device
     head.to(device)
-    rows_out = output_rows(target.model.forward, head.vocab.cpu()).to(device)
+    rows_out = target.model.forward.output_rows(head.vocab.cpu()).to(device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     steps_per_epoch = source.steps()
     bf16 = use_bf16(args.precision, head.config.dim, device)
@@ -361,7 +361,7 @@ def use_bf16(precision: str, dim: int, device: torch.device) -> bool:
 def agreement(head: DraftHead, target: Target, shards: list[Path], depth: int) -> list[float]:
     """Per draft position d, how often the head's greedy draft equals the target's greedy token,
     among chains whose earlier drafts all agreed and whose inputs are what drafting would feed."""
-    rows_out = output_rows(target.model.forward, head.vocab)
+    rows_out = target.model.forward.output_rows(head.vocab)
     hits, seen = [0] * depth, [0] * depth
     for tokens, hidden in shard_batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1])).view(tokens.shape[0], -1)
@@ -392,7 +392,7 @@ def fit_confidence_temperature(head: DraftHead, target: Target, shards: list[Pat
     what ``HeadDrafter`` multiplies into the chance that a chain is kept. Training for the
     target's full distribution leaves the head under-confident in its first choice (right 93%
     of the time where it says 0.8-0.9, before this), so without it drafts stop early."""
-    rows_out = output_rows(target.model.forward, head.vocab)
+    rows_out = target.model.forward.output_rows(head.vocab)
     loss = torch.zeros(len(TEMPERATURES))
     for tokens, hidden in shard_batches(shards, 8, 0):
         truth = target.greedy(hidden[:, 1:].reshape(-1, hidden.shape[-1]))

@@ -20,20 +20,22 @@ from typing import Any
 from lsp_server.context import FIM_SETTINGS as FIM_STYLES
 from lsp_server.context import is_fim_setting
 from lsp_server.ending import MULTILINE_MODES
+from lsp_server.remote.endpoint import API_NAMES, EndpointError, insecure_reason, parse_base_url
 
 SECTION = "lspServer"
 DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
-ENDPOINT_APIS = ("openai", "llama.cpp")  # == lsp_server.remote.dialects.DIALECTS
+ENDPOINT_APIS = API_NAMES  # the remote engine's wire dialects
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a user can set; field docs are the README's, defaults are the README's."""
+    """Everything a user can set; the README's settings table says what each field means, and
+    ``tests/test_readme.py`` keeps its names and defaults equal to these."""
 
     model: str = "default"
     draft_model: str | None = None
@@ -45,8 +47,9 @@ class Settings:
     max_new_tokens: int = 64
     context_tokens: int = 512  # a cold prefill's cost grows with it (benchmarks/README.md)
     # 0: editors debounce their own requests (VS Code, the Neovim plugin), and a newer request stops
-    # an older decode within one pass; a server-side wait only delayed every answer (replay: the
-    # p50 at pauses 74 -> 36 ms, fewer stale answers). Worth raising for a shared remote engine.
+    # an older decode within one pass; a server-side wait only delayed every answer and made more
+    # of them stale (the keystroke replay: benchmarks/README.md, "Measurements behind design
+    # choices"). Worth raising for a shared remote engine.
     debounce_ms: int = 0
     time_budget_ms: int = 2000
     # A multi-line body is answered with the lines ready this long after the request came (as
@@ -151,8 +154,6 @@ def _multiline(value: Any) -> str:
 
 def _endpoint(value: Any) -> str | None:
     """A base URL; the scheme/host rules that depend on another setting are checked in ``layer``."""
-    from lsp_server.remote.endpoint import EndpointError, parse_base_url
-
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -273,8 +274,6 @@ def layer(current: Settings, lower: Settings, payload: Any) -> Layered:
 def _check_endpoint_scheme(current: Settings, out: Layered) -> None:
     """Plain http:// only to loopback unless allowInsecureEndpoint: a key or code sent in clear text
     over a network is readable by anyone on the path."""
-    from lsp_server.remote.endpoint import insecure_reason
-
     reason = insecure_reason(out.settings.endpoint, out.settings.allow_insecure_endpoint)
     if reason is None:
         return

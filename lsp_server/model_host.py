@@ -36,7 +36,8 @@ from lsp_server.sources import DocumentSnapshot, DraftSources
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationConfig, GenerationResult, LoadedModel, SpeculativeEngine
-    from decoding.drafters import Drafter, HeadDrafter, NgramDrafter
+    from decoding.drafters import Drafter, HeadDrafter
+    from decoding.drafters.base import DocumentSources
     from decoding.kv_cache import Chain, PrefixCache
     from decoding.transformers_peer import TransformersDecoder
     from lsp_server.remote.health import Notice
@@ -163,12 +164,10 @@ class Runtime:
             self.drafter_name = name
         return self.drafter
 
-    def ngram_source(self) -> NgramDrafter | None:
+    def ngram_source(self) -> DocumentSources | None:
         """The n-gram drafter that takes other open documents as sources, if the drafter has one.
         Not thread-safe: call it on the worker thread only."""
-        return getattr(self.drafter, "ngram", None) or (
-            self.drafter if hasattr(self.drafter, "set_source") else None
-        )
+        return self.drafter.document_sources() if self.drafter is not None else None
 
     def peer(self) -> TransformersDecoder:
         if self._peer is None:

@@ -19,7 +19,10 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # decoding imports torch: the worker thread loads it
+    from decoding.drafters.base import DocumentSources
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class DraftSources:
 
     def sync(
         self,
-        ngram: Any,
+        ngram: DocumentSources | None,
         documents: Mapping[str, DocumentSnapshot],
         exclude: str | None,
         encode: Callable[[str], Sequence[int]],

@@ -24,11 +24,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lsp_server.context.languages import EXTENSIONS
+
+if TYPE_CHECKING:  # decoding imports torch: the worker thread loads it
+    from decoding.drafters.base import DocumentSources
 
 log = logging.getLogger(__name__)
 
@@ -235,14 +238,18 @@ class WorkspaceIndex:
 
     def _drafts(self) -> dict[str, int]:
         """How the index's drafts fared (counters the worker bumps; a stale read is harmless)."""
-        ngram = self._drafter() if self._drafter is not None else None
-        counts = getattr(ngram, "corpus_counts", None)
-        names = ("drafts", "proposed", "accepted")
-        return {name: getattr(counts, name, 0) for name in names}
+        ngram: DocumentSources | None = self._drafter() if self._drafter is not None else None
+        if ngram is None:
+            return {"drafts": 0, "proposed": 0, "accepted": 0}
+        counts = ngram.corpus_counts
+        return {"drafts": counts.drafts, "proposed": counts.proposed, "accepted": counts.accepted}
 
     # -- worker --------------------------------------------------------------------------------------
     def sync(
-        self, ngram: Any, encode: Callable[[str], Sequence[int]], should_stop: Callable[[], bool]
+        self,
+        ngram: DocumentSources | None,
+        encode: Callable[[str], Sequence[int]],
+        should_stop: Callable[[], bool],
     ) -> bool:
         """Tokenize changed files and give ``ngram`` a new index once all are; whether it did.
 
@@ -278,7 +285,7 @@ class WorkspaceIndex:
         return True
 
     # -- the builder thread ------------------------------------------------------------------------
-    def _build(self, ngram: Any, documents: list[np.ndarray], version: int) -> None:
+    def _build(self, ngram: DocumentSources, documents: list[np.ndarray], version: int) -> None:
         """Build the index and hand it to ``ngram`` (a reference swap its lookups read once)."""
         from decoding.drafters.corpus import CorpusIndex
 

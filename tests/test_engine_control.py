@@ -37,12 +37,12 @@ def test_an_event_set_from_another_thread_stops_a_running_generation():
     calls = 0
     forward = engine._forward
 
-    def counting_forward(tokens, cache, keep=0, allowed=None):
+    def counting_forward(tokens, cache, *rest, **options):
         nonlocal calls
         calls += 1
         if calls == 10:  # the user typed on while decoding
             threading.Thread(target=event.set).start()
-        return forward(tokens, cache, keep, allowed)
+        return forward(tokens, cache, *rest, **options)
 
     engine._forward = counting_forward
     result = engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=3000), None, event)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from decoding.drafters import make_drafter
-from decoding.drafters.base import Draft
+from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import CostModel
 from decoding.engine import GenerationConfig, SpeculativeEngine
@@ -145,7 +145,7 @@ def test_greedy_output_equals_plain_greedy_on_200_cases(targets, drafts, drafter
         assert totals["corpus_drafts"] > 100
 
 
-class RejectAt:
+class RejectAt(Drafter):
     """Proposes the target's true continuation with the token at ``wrong`` replaced."""
 
     name = "scripted"
@@ -188,9 +188,9 @@ def record_fed_lengths(engine: SpeculativeEngine) -> list[int]:
     fed: list[int] = []
     forward = engine._forward
 
-    def recording_forward(tokens, cache, keep=0, allowed=None):
+    def recording_forward(tokens, cache, *rest, **options):
         fed.append(len(tokens))
-        return forward(tokens, cache, keep, allowed)
+        return forward(tokens, cache, *rest, **options)
 
     engine._forward = recording_forward
     return fed

@@ -15,7 +15,6 @@ import torch
 from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
 from decoding.graphed import GraphedCache, GraphedForward
-from decoding.head import target_fingerprint
 from decoding.llama import from_transformers
 from decoding.models import LoadedModel
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
@@ -125,7 +124,7 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
     lean = from_transformers(tiny_model(41, layers=2, logit_scale=3.0, max_positions=1024), 0)
     trained_tiny_head(lean).save(tmp_path / "head")
     forward = GraphedForward(lean, torch.device(device), dtype)
-    assert target_fingerprint(forward) == target_fingerprint(lean)
+    assert forward.fingerprint == lean.fingerprint
     head = load_head_drafter(
         graphed_loaded(forward), str(tmp_path / "head"), bits=4 if device == "cpu" else None
     )
@@ -209,14 +208,7 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     dense = dense_default
     assert dense.formats == "F32+Q4_1+Q8_0 as float32 on cpu"
     tokens = default_model.tokenizer(stdlib_prompts(1, prompt_chars=1200)[0])["input_ids"][:300]
-    # A greedy generation earlier in the session leaves the output layer ranking by its leading
-    # 4-bit term alone (``QuantizedHead.greedy_only``): compare against both terms.
-    head = default_model.forward.head
-    saved, head.greedy_only = head.greedy_only, False
-    try:
-        want = default_model.forward(tokens, default_model.forward.new_cache())
-    finally:
-        head.greedy_only = saved
+    want = default_model.forward(tokens, default_model.forward.new_cache())
     got = dense(tokens, dense.new_cache())
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree
@@ -231,7 +223,7 @@ def test_the_shipped_head_drafts_for_the_default_model_on_the_graphed_forward(de
     drafts on held-out code are kept."""
     from benchmarks.decode_bench import stdlib_files
 
-    assert target_fingerprint(dense_default) == target_fingerprint(default_model.forward)
+    assert dense_default.fingerprint == default_model.forward.fingerprint
     loaded = LoadedModel(
         model=None,
         tokenizer=default_model.tokenizer,

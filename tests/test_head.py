@@ -22,8 +22,6 @@ from decoding.head import (
     HeadConfig,
     Rotary,
     load_head,
-    output_rows,
-    target_fingerprint,
 )
 from decoding.kv_cache import PrefixCache
 from decoding.llama import from_transformers
@@ -43,7 +41,7 @@ def tiny_head(forward, seed: int = 0, vocab: torch.Tensor = HEAD_VOCAB) -> Draft
     torch.manual_seed(seed)
     s = forward.shape
     config = HeadConfig(
-        s.dim, s.heads, s.kv_heads, s.ffn, s.rope_theta, s.norm_eps, True, target_fingerprint(forward)
+        s.dim, s.heads, s.kv_heads, s.ffn, s.rope_theta, s.norm_eps, True, forward.fingerprint
     )
     return DraftHead(config, vocab)
 
@@ -70,7 +68,7 @@ def trained_tiny_head(forward, steps: int = 120, seed: int = 0) -> DraftHead:
     tokens = torch.tensor(sequences)
     hidden = torch.stack([hidden_states(forward, s) for s in sequences])
     embeds = forward.embed(tokens[:, 1:].reshape(-1)).view(len(sequences), -1, forward.shape.dim)
-    rows = output_rows(forward, head.vocab)
+    rows = forward.output_rows(head.vocab)
     optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
     for _ in range(steps):
         loss = chain_loss(head, hidden, embeds, rows, depth=2, noise=0.0)
@@ -96,7 +94,7 @@ def heads(targets):
 def head_drafter(target, head, max_draft: int = 4, bits: int | None = None) -> HeadDrafter:
     """A drafter on a copy of ``head`` (a drafter converts its head in place)."""
     eos: set[int] = set()
-    rows = output_rows(target, head.vocab)
+    rows = target.output_rows(head.vocab)
     return HeadDrafter(copy.deepcopy(head), target.embed, rows, TINY_VOCAB, eos, max_draft, bits=bits)
 
 
@@ -272,7 +270,7 @@ def test_sampling_with_a_confident_head_keeps_the_targets_distribution(sampling_
     """
     model, target, head = sampling_pair
     engine = SpeculativeEngine(lean_loaded(target))
-    rows = output_rows(target, head.vocab) * 20.0
+    rows = target.output_rows(head.vocab) * 20.0
     sure = HeadDrafter(copy.deepcopy(head), target.embed, rows, TINY_VOCAB, set(), 3, bits=4)
     drafter = make_drafter(drafter_name, draft_head=sure, cost=engine.cost)
     sure.cost = CostModel(prior={1: 1.0, 2: 1.45, 3: 1.9, 4: 2.35, 5: 2.8})  # a keep bar near 0.5

@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from decoding.drafters import make_drafter
 from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.healing import HealingIndex, PrefixConstraint, back_up, prefix_compatible, token_bytes_table
+from decoding.healing import BLANK, HealingIndex, PrefixConstraint, back_up, token_bytes_table
 from tests.tiny_models import loaded, tiny_model
 
 PIECES = [
@@ -133,6 +133,19 @@ def ids(*pieces: str) -> list[int]:
 def test_the_generic_table_is_each_pieces_bytes():
     table = token_bytes_table(TOK, VOCAB + 3)  # a model's padded rows map to None
     assert table[:VOCAB] == [p.encode() for p in PIECES] and table[VOCAB:] == [None] * 3
+
+
+def prefix_compatible(token: bytes, remaining: bytes) -> bool:
+    """The oracle ``HealingIndex.allowed`` is checked against, written the plain way: a token may
+    come next while ``remaining`` is owed where one is a prefix of the other, and past a final
+    whitespace character of ``remaining`` it must not go on with another one."""
+    if not token:
+        return False
+    if remaining.startswith(token):
+        return True
+    if not token.startswith(remaining):
+        return False
+    return not (remaining[-1:] in BLANK and token[len(remaining) : len(remaining) + 1] in BLANK)
 
 
 def test_allowed_tokens_are_exactly_the_prefix_compatible_ones():

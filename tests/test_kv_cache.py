@@ -209,11 +209,11 @@ def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between
     chunks = {"n": 0}
     forward = engine._forward
 
-    def counting_forward(tokens, cache, keep=0, allowed=None):
+    def counting_forward(tokens, cache, *rest, **options):
         chunks["n"] += 1
         if chunks["n"] == 2:
             stop.set()  # as if the next keystroke arrived during the second chunk
-        return forward(tokens, cache, keep, allowed)
+        return forward(tokens, cache, *rest, **options)
 
     engine._forward = counting_forward
     result = engine.generate(

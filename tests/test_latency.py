@@ -33,13 +33,13 @@ class SlowMachine:
         self.during: Callable[[float, float], None] | None = None  # called with each pass's start and end
         forward = engine._forward
 
-        def slow_forward(tokens, cache, keep=0, allowed=None):
+        def slow_forward(tokens, cache, *rest, **options):
             start = self.now_ms
             self.now_ms += per_pass_ms + per_token_ms * len(tokens)
             self.fed.append(len(tokens))
             if self.during is not None:
                 self.during(start, self.now_ms)
-            return forward(tokens, cache, keep, allowed)
+            return forward(tokens, cache, *rest, **options)
 
         engine._forward = slow_forward
         engine.pace = PrefillPace(clock=lambda: self.now_ms / 1000)

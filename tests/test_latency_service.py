@@ -60,9 +60,9 @@ class Service:
         engine = self.host.local.engine
         forward = engine._forward
 
-        def slow_forward(tokens, cache, keep=0, allowed=None):
+        def slow_forward(tokens, cache, *rest, **options):
             time.sleep(ms_per_token * len(tokens) / 1000)
-            return forward(tokens, cache, keep, allowed)
+            return forward(tokens, cache, *rest, **options)
 
         engine._forward = slow_forward
 
@@ -176,9 +176,9 @@ async def test_a_block_is_answered_with_its_whole_lines_and_the_rest_comes_from_
     engine = real.host.local.engine
     forward = engine._forward
 
-    def slow_forward(tokens, cache, keep=0, allowed=None):
+    def slow_forward(tokens, cache, *rest, **options):
         time.sleep(0.15)
-        return forward(tokens, cache, keep, allowed)
+        return forward(tokens, cache, *rest, **options)
 
     engine._forward = slow_forward
     shown = await real.ask()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 from benchmarks import quality
+from benchmarks.naive_context import fit_tokens, plain_window
+from lsp_server.context.builder import MAX_CHARS_PER_TOKEN, ContextRequest
 from tests.lsp_helpers import tiny_model_dir
 
 PYTHON = "".join(
@@ -73,3 +75,32 @@ def test_edit_similarity():
     assert quality.edit_similarity("abc", "abc") == 1.0 and quality.edit_similarity("", "") == 1.0
     assert quality.edit_similarity("abd", "abc") == 1 - 1 / 3 and quality.edit_similarity("", "xy") == 0.0
     assert quality.levenshtein("kitten", "sitting") == 3
+
+
+# -- the naive baseline ----------------------------------------------------------------------------
+
+
+def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
+    text = "".join(f"line {i}\n" for i in range(1000)) + "tail"
+    prompt = plain_window(ContextRequest(text=text, offset=len(text), budget_tokens=10))
+    assert prompt.text.endswith("tail") and len(prompt.text) <= 10 * MAX_CHARS_PER_TOKEN
+    assert prompt.text.startswith("line ") and text[prompt.start - 1] == "\n"
+    short = plain_window(ContextRequest(text="x = 1\ny", offset=7, budget_tokens=100))
+    assert short.text == "x = 1\ny" and short.start == 0
+
+
+def test_lone_surrogates_do_not_reach_the_tokenizer():
+    prompt = plain_window(ContextRequest("s = '\ud800'", 10, 100))
+    assert prompt.text == "s = '?'"  # a surrogate the client split is replaced, the rest kept
+    assert prompt.text.encode("utf-8") == b"s = '?'"
+
+
+def test_fit_tokens_keeps_the_end_within_the_budget():
+    def encode(text: str) -> list[int]:  # one token per character
+        return [ord(c) for c in text]
+
+    text = "".join(f"row {i}\n" for i in range(500)) + "end"
+    ids = fit_tokens(text, encode, 100)
+    assert len(ids) <= 100 and "".join(map(chr, ids)).endswith("end")
+    assert "".join(map(chr, ids)).startswith("row ")  # re-cut at a line start
+    assert fit_tokens("short", encode, 100) == encode("short")

@@ -135,13 +135,12 @@ def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     fp32 = x @ exact_rows.t()
     scale = fp32.abs().max().item()
     for greedy_only in (False, True):
-        head.greedy_only = greedy_only
-        logits = head(x)
+        logits = head(x, greedy_only=greedy_only)
         top = head.approx(x).float().topk(QuantizedHead.CANDIDATES, dim=-1).indices  # the candidates
         assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
         assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
         for rows in (1, 2, 3, 7, 17):
-            assert torch.equal(head(x[:rows]), logits[:rows])
+            assert torch.equal(head(x[:rows], greedy_only=greedy_only), logits[:rows])
         # every logit within the kernel's bf16 rounding: what sampling sees
         assert torch.allclose(logits, fp32, rtol=0, atol=scale * 2**-6)
     parts = head.approx.parts(x)  # each kernel logit within its error bound of the exact one
@@ -157,12 +156,12 @@ def test_the_quantized_heads_greedy_choice_is_exact_among_any_allowed_tokens(kin
     vocab = 1024
     rng = np.random.default_rng(12)
     head = QuantizedHead(decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN)))
-    head.CANDIDATES, head.greedy_only = 2, True
+    head.CANDIDATES = 2
     x = torch.randn(24, IN)
     fp32 = x @ head.rows(torch.arange(vocab)).t()
     allowed = [torch.from_numpy(rng.choice(vocab, size=n, replace=False)) for n in (1, 3, 40, 700) * 5]
     allowed += [None] * 4
-    logits = head(x, allowed)
+    logits = head(x, allowed, greedy_only=True)
     for row, ids in enumerate(allowed):
         ids = torch.arange(vocab) if ids is None else ids
         assert ids[logits[row, ids].argmax()] == ids[fp32[row, ids].argmax()], row
@@ -321,15 +320,36 @@ def test_speculative_greedy_equals_the_quantized_models_plain_greedy(quantized_p
     assert_speculative_greedy_is_plain_greedy(*quantized_pairs, drafter_name, lean_loaded)
 
 
-def test_the_engine_lets_the_output_layer_rank_by_its_leading_term_only_when_decoding_greedily():
+class RecordedPass:
+    """A real lean forward that records the ``greedy_only`` each pass was asked with."""
+
+    def __init__(self, forward) -> None:
+        self.forward, self.asked = forward, []
+        self.vocab_size, self.cost_prior, self.fingerprint = forward.vocab_size, forward.cost_prior, None
+
+    def new_cache(self):
+        return self.forward.new_cache()
+
+    def output_rows(self, ids):
+        return self.forward.output_rows(ids)
+
+    def __call__(self, tokens, cache, keep=0, allowed=None, greedy_only=False):
+        self.asked.append(greedy_only)
+        return self.forward(tokens, cache, keep, allowed, greedy_only=greedy_only)
+
+
+def test_the_engine_asks_for_certified_greedy_choices_with_each_pass_of_a_greedy_generation_only():
+    """``greedy_only`` travels with the pass, never as state on a forward that several
+    generations (a greedy completion, a sampled one, an idle prefill) share."""
     forward = lean(9, 4)
     assert isinstance(forward.head, QuantizedHead) and len(forward.head.approx.packed) == 2  # Q8_0
-    engine = SpeculativeEngine(lean_loaded(forward))
-    assert not forward.greedy_only  # full logits unless asked
-    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=2))
-    assert forward.greedy_only and forward.head.greedy_only
-    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=2, temperature=0.8, seed=1))
-    assert not forward.greedy_only and not forward.head.greedy_only
+    recorded = RecordedPass(forward)
+    engine = SpeculativeEngine(lean_loaded(recorded))
+    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=3))
+    greedy_passes, recorded.asked = recorded.asked, []
+    engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=3, temperature=0.8, seed=1))
+    assert greedy_passes and all(greedy_passes)
+    assert recorded.asked and not any(recorded.asked)
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():

@@ -8,7 +8,6 @@ from lsprotocol import types
 from pygls.workspace import PositionCodec
 
 from lsp_server import config
-from lsp_server.context.builder import MAX_CHARS_PER_TOKEN, ContextRequest, fit_tokens, plain_window
 from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
 from lsp_server.postprocess import merge_with_suffix
 from lsp_server.stats import ServerStats, percentile
@@ -147,35 +146,6 @@ def test_multiline_takes_a_mode_or_the_old_booleans_and_fim_a_style_or_a_templat
     layered = config.layer(config.Settings(), config.Settings(), {"fimTemplate": custom})
     assert layered.settings.fim_template == custom
     assert config.layer(config.Settings(), config.Settings(), {"fimTemplate": "<PRE>{prefix}"}).problems
-
-
-# -- prompt -----------------------------------------------------------------------------------------
-
-
-def test_the_window_is_the_text_before_the_cursor_starting_at_a_line_when_cut():
-    text = "".join(f"line {i}\n" for i in range(1000)) + "tail"
-    prompt = plain_window(ContextRequest(text=text, offset=len(text), budget_tokens=10))
-    assert prompt.text.endswith("tail") and len(prompt.text) <= 10 * MAX_CHARS_PER_TOKEN
-    assert prompt.text.startswith("line ") and text[prompt.start - 1] == "\n"
-    short = plain_window(ContextRequest(text="x = 1\ny", offset=7, budget_tokens=100))
-    assert short.text == "x = 1\ny" and short.start == 0
-
-
-def test_lone_surrogates_do_not_reach_the_tokenizer():
-    prompt = plain_window(ContextRequest("s = '\ud800'", 10, 100))
-    assert prompt.text == "s = '?'"  # a surrogate the client split is replaced, the rest kept
-    assert prompt.text.encode("utf-8") == b"s = '?'"
-
-
-def test_fit_tokens_keeps_the_end_within_the_budget():
-    def encode(text: str) -> list[int]:  # one token per character
-        return [ord(c) for c in text]
-
-    text = "".join(f"row {i}\n" for i in range(500)) + "end"
-    ids = fit_tokens(text, encode, 100)
-    assert len(ids) <= 100 and "".join(map(chr, ids)).endswith("end")
-    assert "".join(map(chr, ids)).startswith("row ")  # re-cut at a line start
-    assert fit_tokens("short", encode, 100) == encode("short")
 
 
 # -- post-processing ----------------------------------------------------------------------------------

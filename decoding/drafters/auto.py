@@ -22,15 +22,15 @@ from collections.abc import Sequence
 
 import torch
 
-from decoding.drafters.base import Draft
-from decoding.drafters.head import AllowedAfter, HeadDrafter
+from decoding.drafters.base import AllowedAfter, Draft, Drafter
+from decoding.drafters.head import HeadDrafter
 from decoding.drafters.length import CostModel, best_draft_length
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import Match, NgramDrafter
 from decoding.verify import SamplingParams
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     name = "auto"
     MIN_GAIN = 1.05  # demand a margin: the estimate is noisy and a wasted pass is not free
     PROBE_EVERY = 32  # skipped opportunities between exploratory drafts of a gated-off source
@@ -63,6 +63,9 @@ class AutoDrafter:
     def forget(self, session: str) -> None:
         for drafter in self._drafters():
             drafter.forget(session)
+
+    def document_sources(self) -> NgramDrafter:
+        return self.ngram
 
     def attach(self, target_cache) -> None:
         if self.head is not None:

@@ -9,13 +9,21 @@ has to know how a drafter stores its state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from decoding.verify import SamplingParams
+
+if TYPE_CHECKING:
+    from decoding.drafters.corpus import CorpusIndex
+    from decoding.results import DrafterStats
+
+# What token healing allows after a drafted prefix: the bytes still owed and the sorted ids that
+# may come next, or None once the owed text is written (``decoding.healing.PrefixConstraint``).
+AllowedAfter = Callable[[Sequence[int]], "tuple[bytes, tuple[int, ...]] | None"]
 
 
 @dataclass
@@ -32,7 +40,29 @@ class Draft:
         return len(self.tokens)
 
 
+class DocumentSources(Protocol):
+    """What the server feeds a drafter that drafts from text beyond the prompt
+    (``decoding.drafters.ngram.NgramDrafter``): other open documents, accepted completions and
+    the workspace's index."""
+
+    corpus: CorpusIndex | None  # the workspace's index (the server's worker replaces it)
+    corpus_counts: DrafterStats  # how the index's own drafts fared
+
+    def set_source(self, name: str, tokens: Sequence[int]) -> None:
+        """Add or refresh a document's tokens."""
+
+    def remove_source(self, name: str) -> None:
+        """Drop a document (closed, or the one being edited)."""
+
+    def add_accepted(self, tokens: Sequence[int]) -> None:
+        """A completion the user accepted: likely to be typed again."""
+
+
 class Drafter(Protocol):
+    """What the engine calls on a drafter. The last three are optional capabilities with no-op
+    defaults here: a drafter class subclasses ``Drafter`` to inherit them, and overrides the
+    ones it has (the engine calls them on every drafter, never probes for them)."""
+
     name: str
 
     def begin(
@@ -55,3 +85,18 @@ class Drafter(Protocol):
 
     def forget(self, session: str) -> None:
         """The session (a closed document) is over: drop whatever is kept for it."""
+
+    def attach(self, target_cache: Any) -> None:
+        """The target's cache this generation feeds, shown before each proposal: a drafter that
+        reads the target's hidden states (a draft head) drafts from it; others ignore it."""
+
+    def steer(self, allowed_after: AllowedAfter | None) -> None:
+        """While token healing owes text, what it allows after each drafted prefix (None:
+        anything), shown before each proposal: a draft the target's masked pass would refuse at
+        once is a wasted pass, so a drafter may draft within it; others ignore it (the engine cuts
+        every draft where healing refuses it)."""
+
+    def document_sources(self) -> DocumentSources | None:
+        """The drafter that drafts from other open documents and the workspace, where this drafter
+        has one (the server feeds it their tokens); None: it has none."""
+        return None

@@ -58,9 +58,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from decoding.drafters.base import Draft
+from decoding.drafters.base import AllowedAfter, Draft, Drafter
 from decoding.drafters.length import AcceptanceStats, CostModel, ema
-from decoding.head import DraftHead, HeadCache, load_head, output_rows, shipped_head, target_fingerprint
+from decoding.head import DraftHead, HeadCache, load_head, shipped_head
 from decoding.kv_cache import common_prefix_length
 from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
 from decoding.quant.layers import SmallLinear, quantize_linears
@@ -71,13 +71,12 @@ log = logging.getLogger(__name__)
 Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
 # Token healing's constraint after the tokens drafted so far: (the text still owed, the sorted
 # token ids it allows), or None once the text is written (``engine.Healing.allowed_after``).
-AllowedAfter = Callable[[Sequence[int]], "tuple[bytes, tuple[int, ...]] | None"]
 
 
 HEAD_BITS = 4
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     name = "head"
     WINDOW = 256
     RESTART = 32
@@ -226,7 +225,7 @@ class HeadDrafter:
 
     def _fed(self, tokens: Sequence[int]) -> int:
         target = self._cache_of_target
-        if getattr(target, "hidden", None) is None:
+        if getattr(target, "hidden", None) is None:  # none yet, or a cache that keeps none
             return 0
         return min(int(target.length), len(tokens) - 1)
 
@@ -368,7 +367,7 @@ def load_head_drafter(
     beside the target, whatever ``bits`` says."""
     if spec == "none":
         return None
-    mark = target_fingerprint(target.forward)
+    mark = target.forward.fingerprint
     if mark is None:
         if spec == "auto":
             return None
@@ -392,7 +391,7 @@ def load_head_drafter(
     ids = head.vocab if len(head.vocab) else torch.arange(target.vocab_size)
     # in slices: the fp32 rows of a large vocabulary would be a transient the heap keeps
     dtype = torch.float32 if bits else head.fc.weight.dtype  # fp32 rows are quantized once
-    rows = torch.cat([output_rows(target.forward, part).to(dtype) for part in ids.split(2048)])
+    rows = torch.cat([target.forward.output_rows(part).to(dtype) for part in ids.split(2048)])
     log.info("draft head %s (%d tokens scored, %s)", folder, len(ids), f"{bits}-bit" if bits else dtype)
     drafter = HeadDrafter(
         head, target.forward.embed, rows, target.vocab_size, target.eos_token_ids, max_draft, cost, bits

@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from decoding.drafters.base import Draft
+from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length, ema
 from decoding.kv_cache import PrefixCache, common_prefix_length
 from decoding.models import LoadedModel
 from decoding.verify import SamplingParams, sample, sampling_probs
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(

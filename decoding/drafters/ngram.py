@@ -26,7 +26,7 @@ from itertools import islice
 
 import torch
 
-from decoding.drafters.base import Draft
+from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
 from decoding.kv_cache import common_prefix_length
@@ -128,7 +128,7 @@ class Match:
     skipped: int = 0
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt lookup over the live sequence plus any number of extra token sources."""
 
     name = "ngram"
@@ -158,6 +158,9 @@ class NgramDrafter:
         self.corpus_counts = DrafterStats()  # the corpus's drafts alone (the engine counts all)
 
     # -- extra sources ---------------------------------------------------------------------------
+    def document_sources(self) -> NgramDrafter:
+        return self
+
     def set_source(self, name: str, tokens: Sequence[int]) -> None:
         """Add or refresh a document; unchanged prefixes are not re-indexed."""
         index = self._sources.get(name)

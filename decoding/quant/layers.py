@@ -110,7 +110,13 @@ class DenseLinear(torch.nn.Module):
 class DenseHead(DenseLinear):
     """A dense output layer: exact logits for every token, whatever a row allows."""
 
-    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The fp32 weights of rows ``index`` (any shape), shape ``(*index.shape, in)``."""
+        return self.weight[index]
+
+    def forward(
+        self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None, greedy_only: bool = False
+    ) -> torch.Tensor:
         return super().forward(x)
 
 
@@ -125,8 +131,8 @@ class CertifiedHead(torch.nn.Module):
     whatever restricts it (token healing allows only the tokens that spell the text still owed,
     ``allowed``, and a rare prefix may allow none of the unrestricted candidates), so the
     candidates are ranked among each row's allowed tokens as well, and where only greedy choices
-    are read (``greedy_only``, set by the engine for greedy generations) the choice is
-    certified: a token outside the candidates can beat the best one only where its approximate
+    are read (``greedy_only``, which the engine passes with each pass of a greedy generation) the
+    choice is certified: a token outside the candidates can beat the best one only where its approximate
     logit plus its bound reaches it, and any such token gets its exact logit too. One bound for
     every token of a row (``_loose_bound``) certifies nearly every row for a few reductions; the
     rest are bounded token by token (``_tight_bound``). Every step is per row, so the layer is
@@ -139,7 +145,6 @@ class CertifiedHead(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.greedy_only = False
         self.repaired = 0  # tokens whose exact logits a bound asked for (tests and benchmarks read it)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
@@ -162,7 +167,9 @@ class CertifiedHead(torch.nn.Module):
         """Exact fp32 logits of tokens ``ids`` (rows, n) for the rows of ``x``."""
         return (self.rows(ids) * x.unsqueeze(1)).sum(-1)
 
-    def forward(self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None, greedy_only: bool = False
+    ) -> torch.Tensor:
         """Logits (rows, out) fp32, exact for each row's candidates, and for its candidates among
         its ``allowed`` tokens (rows past its end, or None: every token); under ``greedy_only``
         exact for every token that could be the row's greedy choice, over all tokens and over
@@ -175,7 +182,7 @@ class CertifiedHead(torch.nn.Module):
         ranked = [ranking.topk(min(count + 1, self.out_features), dim=-1) for ranking in rankings]
         top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
         exact = self._exact(top, x)
-        unsure = self._unsure(ranked, exact, self._loose_bound(x, state)) if self.greedy_only else top[:0, 0]
+        unsure = self._unsure(ranked, exact, self._loose_bound(x, state)) if greedy_only else top[:0, 0]
         uppers = []
         if len(unsure):  # bounded token by token, from the approximate logits before they are replaced
             bound = self._tight_bound(x, state, unsure)

@@ -12,8 +12,6 @@ from lsp_server.context.builder import (
     ContextBuilder,
     ContextRequest,
     Prompt,
-    fit_tokens,
-    plain_window,
 )
 from lsp_server.context.fim import SETTING_NAMES as FIM_SETTINGS
 from lsp_server.context.fim import is_valid_setting as is_fim_setting
@@ -30,8 +28,6 @@ __all__ = [
     "Prompt",
     "Tokens",
     "detect",
-    "fit_tokens",
     "is_fim_setting",
-    "plain_window",
     "uri_path",
 ]

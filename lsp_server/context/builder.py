@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from lsp_server.context import fim
@@ -126,46 +125,6 @@ class Prompt:
     stop_strings: tuple[str, ...] = ()
     language: str = "text"
     snippets: tuple[Snippet, ...] = ()
-
-
-# -- the plain window: the fallback and the benchmark's naive baseline ------------------------------
-
-
-def plain_window(request: ContextRequest) -> Prompt:
-    """The text before the cursor, at most ``MAX_CHARS_PER_TOKEN * budget`` characters, starting
-    at a line start when it had to be cut. No tokenizer needed (``fit_tokens`` finishes it)."""
-    max_chars = max(request.budget_tokens, 1) * MAX_CHARS_PER_TOKEN
-    offset = max(0, min(request.offset, len(request.text)))
-    start = max(0, offset - max_chars)
-    window = request.text[start:offset]
-    if start > 0:
-        newline = window.find("\n")
-        if 0 <= newline < len(window) - 1:
-            start += newline + 1
-            window = window[newline + 1 :]
-    return Prompt(text=clean(window), start=start)
-
-
-build_prompt: Callable[[ContextRequest], Prompt] = plain_window
-
-
-def fit_tokens(text: str, encode: Callable[[str], Sequence[int]], budget: int) -> list[int]:
-    """``text`` tokenized, keeping at most ``budget`` tokens from its end.
-
-    Cutting characters and re-encoding (rather than slicing token ids) lets the prompt start at a
-    line start, which the model has seen far more often than half a line.
-    """
-    ids = list(encode(text))
-    for _ in range(3):
-        if len(ids) <= budget:
-            return ids
-        keep = int(len(text) * budget / len(ids) * 0.9)
-        text = text[len(text) - keep :] if keep > 0 else ""
-        newline = text.find("\n")
-        if 0 <= newline < len(text) - 1:
-            text = text[newline + 1 :]
-        ids = list(encode(text))
-    return ids[-budget:] if budget > 0 else []
 
 
 def clean(text: str) -> str:
@@ -521,9 +480,6 @@ __all__ = [
     "ContextRequest",
     "OpenDocument",
     "Prompt",
-    "build_prompt",
-    "fit_tokens",
-    "plain_window",
 ]
 
 

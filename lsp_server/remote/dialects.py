@@ -17,8 +17,6 @@ from lsp_server.remote.endpoint import BaseUrl
 from lsp_server.remote.gate import prefix_grammar
 from lsp_server.remote.request import RemoteRequest, StopReason
 
-DIALECTS = ("openai", "llama.cpp")
-
 
 @dataclass
 class Chunk:

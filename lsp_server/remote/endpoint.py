@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+API_NAMES = ("openai", "llama.cpp")  # the wire dialects (``lsp_server.remote.dialects``)
 LOOPBACK_NAMES = ("localhost", "localhost.")
 
 
@@ -101,7 +102,7 @@ class EndpointConfig:
     """
 
     url: BaseUrl
-    api: str = "openai"  # "openai" | "llama.cpp"
+    api: str = "openai"  # one of API_NAMES
     model: str | None = None
     api_key_env: str | None = None
     ca_bundle: str | None = None
@@ -118,10 +119,8 @@ class EndpointConfig:
         allow_insecure: bool = False,
     ) -> EndpointConfig:
         """A checked config; raises EndpointError for a URL the rules above refuse."""
-        from lsp_server.remote.dialects import DIALECTS
-
-        if api not in DIALECTS:
-            raise EndpointError(f"endpointApi must be one of {', '.join(DIALECTS)}, not {api!r}")
+        if api not in API_NAMES:
+            raise EndpointError(f"endpointApi must be one of {', '.join(API_NAMES)}, not {api!r}")
         reason = insecure_reason(endpoint, allow_insecure)
         if reason is not None:
             raise EndpointError(reason)

@@ -20,7 +20,7 @@ export function isLoadEnd(token: string | number, value: unknown): boolean {
 
 export type ModelStatus = 'idle' | 'loading' | 'ready' | 'failed';
 
-/** The fields of `lsp_server/stats` the extension uses (the server's README lists them all). */
+/** The fields of `lsp_server/stats` the extension uses (the server's docs/server.md lists them all). */
 export interface Stats {
   requests: number;
   answered: number;
