@@ -21,7 +21,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from lsp_server import __version__
-from lsp_server.config import DRAFTER_NAMES, ENDPOINT_APIS, SettingError, from_cli, validate
+from lsp_server.config import DRAFTER_NAMES, SettingError, from_cli, validate
+from lsp_server.remote.endpoint import API_NAMES
 
 if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
@@ -78,7 +79,7 @@ def _remote_arguments(parser: argparse.ArgumentParser) -> None:
     )
     remote.add_argument(
         "--endpoint-api",
-        choices=ENDPOINT_APIS,
+        choices=API_NAMES,
         help="openai (/v1/completions: vLLM, TGI, llama.cpp, Ollama) or llama.cpp "
         "(/completion, /infill); default openai",
     )

@@ -27,7 +27,6 @@ DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")  # == decoding.drafte
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
-ENDPOINT_APIS = API_NAMES  # the remote engine's wire dialects
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
@@ -207,7 +206,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "token_healing": _bool,
     "workspace_index_mb": _int_range(0, 1024),
     "endpoint": _endpoint,
-    "endpoint_api": _choice(ENDPOINT_APIS),
+    "endpoint_api": _choice(API_NAMES),
     "endpoint_model": _optional_string,
     "api_key_env": _env_name,
     "ca_bundle": _optional_string,

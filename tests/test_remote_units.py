@@ -8,7 +8,7 @@ import pytest
 from lsp_server import config
 from lsp_server.remote import EndpointConfig, EndpointError
 from lsp_server.remote.dialects import LlamaCppDialect, OpenAIDialect, dialect, parse_text, parse_tokens
-from lsp_server.remote.endpoint import insecure_reason, is_loopback, parse_base_url
+from lsp_server.remote.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
 from lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
 from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILURES_FOR_OUTAGE, Health
 from lsp_server.remote.request import RemoteRequest
@@ -19,7 +19,7 @@ from lsp_server.remote.stats import EndpointStats
 
 
 def test_each_api_name_the_settings_accept_speaks_its_own_dialect():
-    assert [dialect(name).name for name in config.ENDPOINT_APIS] == list(config.ENDPOINT_APIS)
+    assert [dialect(name).name for name in API_NAMES] == list(API_NAMES)
 
 
 def test_no_endpoint_by_default_so_nothing_reaches_the_network():
