@@ -231,15 +231,18 @@ class Variants:
         """The context without token healing: what healing alone is worth."""
         return self.context(case, heal=False)
 
-    def context(self, case: Case, heal: bool = True) -> Run:
+    def context(self, case: Case, heal: bool = True, name: str = "", uri: str = "", **options: Any) -> Run:
+        """The server's prompt; ``options`` are more of ``ContextRequest``'s fields (``repo_quality``
+        gives the project's definitions)."""
         from decoding import GenerationConfig
         from lsp_server import postprocess
         from lsp_server.context.builder import ContextRequest, detect
 
         started = time.perf_counter()
-        uri = f"file:///corpus/{case.file}"
+        uri = uri or f"file:///corpus/{case.file}"
+        language_id = LANGUAGE_IDS[case.language]
         request = ContextRequest(
-            case.text, case.offset, self.budget, uri=uri, language_id=LANGUAGE_IDS[case.language], heal=heal
+            case.text, case.offset, self.budget, uri=uri, language_id=language_id, heal=heal, **options
         )
         prompt = self.builder.build(request, self.tokens)
         build_ms = (time.perf_counter() - started) * 1000
@@ -254,7 +257,7 @@ class Variants:
         )
         result = self.engine.generate(list(prompt.ids), config)
         suggestion = postprocess.finish(result.text, situation) or ""
-        name = "context" if heal else "context_unhealed"
+        name = name or ("context" if heal else "context_unhealed")
         return self._run(name, case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
 
     @staticmethod

@@ -31,7 +31,7 @@ from pygls.workspace import TextDocument
 
 from lsp_server import postprocess
 from lsp_server.config import Settings
-from lsp_server.context import ContextBuilder, ContextRequest, OpenDocument, Prompt, detect
+from lsp_server.context import ContextBuilder, ContextRequest, EditRing, OpenDocument, Prompt, detect
 from lsp_server.context.builder import Shown
 from lsp_server.context.languages import LanguageSpec
 from lsp_server.documents import Cursor, PositionError, locate
@@ -132,6 +132,7 @@ class CompletionService:
         self._background_uri: str | None = None
         self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
         self.workspace = WorkspaceIndex()
+        self.edits = EditRing()  # recently edited regions, for other documents' prompts
         self._indexing: asyncio.Task | None = None
         # Told (with the document) when a decode a budget cut short has finished as idle work:
         # the server then has the editors ask again (``lifecycle.ask_again``).
@@ -241,9 +242,8 @@ class CompletionService:
         situation = postprocess.situation_for(
             text, cursor.offset, cursor.before, cursor.after, spec, settings.multiline, settings.max_lines
         )
-        memory_key = self.memory.key(
-            uri, text, cursor.offset, (settings, self._other_versions(uri)), self.context.state(uri)
-        )
+        shaping = (settings, self._other_versions(uri), context.recent_edits, self._symbols_version(settings))
+        memory_key = self.memory.key(uri, text, cursor.offset, shaping, self.context.state(uri))
         return Request(
             kind,
             uri,
@@ -268,6 +268,7 @@ class CompletionService:
         )
         # transformers' generate() (the peer decoder) cannot honour a required prefix: no healing.
         heal = settings.token_healing and settings.decoder == "speculative"
+        cross_file = settings.cross_file_context
         return ContextRequest(
             text=document.source,
             offset=offset,
@@ -279,7 +280,20 @@ class CompletionService:
             neighbor_snippets=settings.neighbor_snippets,
             heal=heal,
             language=spec,
+            cross_file=cross_file,
+            symbols=self.workspace.symbols if cross_file else None,
+            recent_edits=self.edits.others(uri) if cross_file else (),
         )
+
+    def _symbols_version(self, settings: Settings) -> int:
+        """The workspace's definitions shape the prompt: a new table is a new request identity."""
+        return self.workspace.symbols_version if settings.cross_file_context else -1
+
+    def edited(self, uri: str, line: int) -> None:
+        """``uri`` changed at ``line`` (``didChange``): the region goes to the ring of recent edits."""
+        document = self._documents().get(uri)
+        if document is not None:
+            self.edits.edited(uri, document.source, line)
 
     def _other_versions(self, uri: str) -> tuple:
         """Other documents can shape the prompt (snippets, draft sources): part of a request's identity."""
@@ -347,6 +361,8 @@ class CompletionService:
         )
         if s.target_passes == 0 and s.known_tokens > 0:
             self.stats.reuse["from_chain"] += 1
+        for excerpt in decoded.prompt.snippets:
+            self.stats.excerpts[excerpt.kind] += 1
         note = _decode_note(decoded, outcome)
         # a cut-short or failed decode (a remote engine's "error") is no answer to remember, nor
         # is a block answered early: asked again, the chain holds more of it by then

@@ -63,6 +63,7 @@ class Settings:
     max_lines: int = 12  # the most lines a multi-line suggestion spans
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
     neighbor_snippets: int = 2  # snippets from other open documents in the prompt
+    cross_file_context: bool = True  # definitions of the names near the cursor, other files' recent edits
     token_healing: bool = True
     workspace_index_mb: int = 8  # the workspace's files as a draft source (MB of text); 0: off
     # A remote engine (lsp_server/remote): None decodes locally; nothing reaches the network otherwise.
@@ -203,6 +204,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "max_lines": _int_range(1, 1000),
     "fim_template": _fim_template,
     "neighbor_snippets": _int_range(0, 10),
+    "cross_file_context": _bool,
     "token_healing": _bool,
     "workspace_index_mb": _int_range(0, 1024),
     "endpoint": _endpoint,

@@ -324,8 +324,15 @@ def _completion_features(server: CompletionServer) -> None:
 
 
 def _workspace_features(server: CompletionServer) -> None:
-    """The workspace's files as a draft source, kept current on saves, watched-file events and
-    folder changes (``workspace.py``)."""
+    """The workspace's files as a draft source and the prompt's definitions, kept current on saves,
+    watched-file events and folder changes (``workspace.py``); edits go to the ring of recent edits."""
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: CompletionServer, params: types.DidChangeTextDocumentParams) -> None:
+        """After pygls has applied the change: where it was goes to the ring of recent edits."""
+        line = edited_line(params.content_changes)
+        if line is not None:
+            ls.service.edited(params.text_document.uri, line)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: CompletionServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -381,3 +388,11 @@ async def _pull_configuration(ls: CompletionServer) -> Any:
         log.warning("workspace/configuration failed: %s", exc or type(exc).__name__)
         return None
     return values[0] if values else None
+
+
+def edited_line(changes: list[Any]) -> int | None:
+    """The line the last ranged change ends on (a whole-text change says nothing about where)."""
+    for change in reversed(changes):
+        if isinstance(change, types.TextDocumentContentChangePartial):
+            return change.range.start.line + change.text.count("\n")
+    return None

@@ -95,6 +95,10 @@ class ServerStats:
             ("runs", "completed", "preempted", "tokens", "target_passes", "rests", "warmed"), 0
         )
     )
+    # excerpts of other files in answered prompts, by kind (``context.snippets.Snippet.kind``)
+    excerpts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("definition", "similar", "edit"), 0)
+    )
     phases_ms: dict[str, deque] = field(
         default_factory=lambda: {name: deque(maxlen=LATENCY_WINDOW) for name in PHASES}
     )
@@ -164,6 +168,7 @@ class ServerStats:
             "known_tokens": self.known_tokens,
             "reuse": dict(self.reuse),
             "prefetch": dict(self.prefetch),
+            "excerpts": dict(self.excerpts),
             "phases_ms": {
                 name: {
                     "p50": percentile(list(values), 50),

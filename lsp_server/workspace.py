@@ -11,7 +11,12 @@ Tokenizing runs on the decode worker as idle-time jobs, like the open documents'
 pre-empts the job between files. The index (``decoding.drafters.corpus.CorpusIndex``, a suffix
 array: ~0.5 s for 2M tokens) is then built on a thread of its own, so that a request arriving
 meanwhile does not wait for it, and replaces the drafter's old one whole; until then the old one
-serves. Nothing here touches the network, and a remote engine (no local drafter) skips all of it.
+serves.
+
+The same texts give the prompt the project's definitions (``context.symbols``): each file is parsed
+for them on the thread that read it, and ``symbols`` is replaced whole after each scan or change,
+so the worker reads a consistent table without a lock. Nothing here touches the network, and a
+remote engine (no local drafter) skips all of it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lsp_server.context import FileSymbols, SymbolTable, extract
 from lsp_server.context.languages import EXTENSIONS
 
 if TYPE_CHECKING:  # decoding imports torch: the worker thread loads it
@@ -159,6 +165,9 @@ class WorkspaceIndex:
         self._drafter: weakref.ref | None = None  # worker only
         self._built_version = 0  # the ``_version`` the drafter's index was built from
         self._builder: threading.Thread | None = None  # the build under way
+        self.symbols = SymbolTable()  # the files' definitions, replaced whole (any thread reads it)
+        self.symbols_version = 0  # bumped with each new table: part of a request's identity
+        self._definitions: dict[Path, FileSymbols] = {}  # per file; under ``_lock``
 
     # -- any thread ----------------------------------------------------------------------------------
     def scan(self, roots: Iterable[Path], limits: WorkspaceLimits) -> int:
@@ -184,6 +193,7 @@ class WorkspaceIndex:
             self._stale |= self._texts.keys() - found.keys()
             self._texts = found
             self.scans += 1
+        self._update_symbols(found.keys(), replace=True)
         log.info("workspace: %d source files, %d KB, under %s", len(found), total >> 10, roots)
         return len(found)
 
@@ -208,7 +218,29 @@ class WorkspaceIndex:
                     self._texts[path] = text
                 self._stale.add(path)
                 changed += 1
+        self._update_symbols(updates.keys())
         return changed
+
+    def _update_symbols(self, paths: Iterable[Path], replace: bool = False) -> None:
+        """Parse ``paths``' texts for definitions where they changed, and publish a new table (all
+        of it from the current texts when ``replace``)."""
+        with self._lock:
+            texts = {path: self._texts.get(path) for path in paths}
+            known = dict(self._definitions)
+        fresh: dict[Path, FileSymbols] = {}
+        for path, text in texts.items():
+            old = known.get(path)
+            if text is not None and (old is None or old.text_hash != hash(text)):
+                fresh[path] = extract(path.as_uri(), text, EXTENSIONS[path.suffix.lower()])
+        with self._lock:
+            for path, text in texts.items():
+                if text is None or self._texts.get(path) != text:
+                    self._definitions.pop(path, None)
+            self._definitions.update((p, f) for p, f in fresh.items() if self._texts.get(p) is not None)
+            if replace:
+                self._definitions = {p: f for p, f in self._definitions.items() if p in self._texts}
+            self.symbols = SymbolTable.of(self._definitions.values())
+            self.symbols_version += 1
 
     def _total_chars(self) -> int:
         return sum(len(text) for text in self._texts.values())
@@ -233,6 +265,7 @@ class WorkspaceIndex:
             "index_bytes": index_bytes,
             "pending": self.pending,  # files to tokenize or an index to build
             "scanned": self.scans > 0,
+            "definitions": len(self.symbols),  # in the prompt's symbol table (``context.symbols``)
             **self._drafts(),
         }
 

@@ -122,6 +122,28 @@ class Editor:
             end
             return out""")
 
+    def suggestion(self) -> list[tuple[int, int, str]]:
+        """(row, col, text) of every drawing with virtual text: its text is the first line and
+        the virtual lines under it, joined by line breaks (the whole suggestion as shown)."""
+        drawn = self.lua("""
+            local out = {}
+            local function text(chunks)
+              return table.concat(vim.tbl_map(function(chunk) return chunk[1] end, chunks))
+            end
+            for _, ns in pairs(vim.api.nvim_get_namespaces()) do
+              for _, m in ipairs(vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })) do
+                if m[4].virt_text then
+                  local lines = { text(m[4].virt_text) }
+                  for _, line in ipairs(m[4].virt_lines or {}) do
+                    lines[#lines + 1] = text(line)
+                  end
+                  out[#out + 1] = { m[2], m[3], table.concat(lines, '\\n') }
+                end
+              end
+            end
+            return out""")
+        return [(row, col, text) for row, col, text in drawn]
+
     # -- what the test init recorded ------------------------------------------------------------------
     def events(self) -> list[dict[str, Any]]:
         return self.lua("return _G.test.events")
@@ -129,10 +151,30 @@ class Editor:
     def notes(self) -> list[dict[str, Any]]:
         return self.lua("return _G.test.notes")
 
+    def commands(self) -> list[dict[str, Any]]:
+        """Every workspace/executeCommand sent: command, arguments, and once answered, error (None)."""
+        return self.lua("return _G.test.commands")
+
     def tick(self) -> int:
         return self.lua("return vim.api.nvim_buf_get_changedtick(0)")
 
     # -- the server, through the plugin ----------------------------------------------------------------
+    def configure(self, settings: dict[str, Any], expect: dict[str, Any] | None = None) -> None:
+        """``workspace/didChangeConfiguration`` with ``settings`` over the plugin's own (``{}``:
+        back to them), once the server has ``expect`` (else ``settings``) in effect."""
+        self.lua(
+            """local settings = ...
+            if vim.tbl_isempty(settings) then settings = vim.empty_dict() end
+            vim.lsp.get_clients({ name = require('speculative_complete.config').NAME })[1]
+              :notify('workspace/didChangeConfiguration', { settings = { lspServer = settings } })""",
+            settings,
+        )
+        wanted = expect if expect is not None else settings
+        self.wait(
+            f"settings {wanted}",
+            lambda: all(self.stats()["settings"].get(k) == v for k, v in wanted.items()) or None,
+        )
+
     def stats(self) -> dict[str, Any] | None:
         """The server's lsp_server/stats through the plugin's own (asynchronous) request."""
         self.lua("""

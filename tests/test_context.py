@@ -340,17 +340,18 @@ def test_similar_code_from_another_open_document_comes_first_as_comments(tokens)
         OpenDocument("file:///w/helpers.py", HELPERS),
         OpenDocument("file:///w/notes.txt", "lunch at noon\n" * 30),
     )
-    request = ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others)
+    # the snippets alone (definitions, on by default, have tests of their own: test_cross_file.py)
+    request = ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others, cross_file=False)
     prompt = ContextBuilder().build(request, tokens)  # a 12-line window is cut to fit its share
     assert prompt.snippets and prompt.snippets[0].uri == "file:///w/helpers.py"
     assert prompt.text.startswith("# Compare this snippet from w/helpers.py:\n# import math\n")
     assert "# def circle_area(radius):" in prompt.text and "lunch" not in prompt.text
     assert prompt.text.endswith("    perimeter =") and len(prompt.ids) <= 256
-    request = ContextRequest(text, len(text), 1024, uri="file:///w/main.py", others=others)
+    request = replace(request, budget_tokens=1024)
     roomy = ContextBuilder().build(request, tokens)
     assert "# def circle_perimeter(radius):" in roomy.text
     none = ContextBuilder().build(
-        ContextRequest(text, len(text), 256, uri="file:///w/main.py", others=others, neighbor_snippets=0),
+        replace(request, neighbor_snippets=0),
         tokens,
     )
     assert not none.snippets and not none.text.startswith("#")

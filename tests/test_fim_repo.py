@@ -18,7 +18,15 @@ import pytest
 from transformers import AutoTokenizer
 
 from lsp_server.context import fim
-from lsp_server.context.builder import REPO_SHARE, SNIPPET_SHARE, ContextBuilder, ContextRequest, Prompt
+from lsp_server.context.builder import (
+    DEFINITION_SHARE,
+    EDIT_SHARE,
+    REPO_SHARE,
+    SNIPPET_SHARE,
+    ContextBuilder,
+    ContextRequest,
+    Prompt,
+)
 from lsp_server.context.languages import SPECS
 from lsp_server.context.repo import FALLBACK_NAME, git_root, repository_for
 from lsp_server.context.snippets import OpenDocument, Snippet, file_body
@@ -62,8 +70,17 @@ TODAY_TEXT = (
 
 
 def request(**changes) -> ContextRequest:
+    """The snippets' layout alone: definitions from other files (shipped on) would add excerpts of
+    geometry.py here; ``test_cross_file.py`` tests them in this layout, and the budget test below
+    runs with them."""
     base = ContextRequest(
-        MAIN, OFFSET, 1024, uri="file:///w/main.py", others=OTHERS, workspace_folders=("file:///w",)
+        MAIN,
+        OFFSET,
+        1024,
+        uri="file:///w/main.py",
+        others=OTHERS,
+        workspace_folders=("file:///w",),
+        cross_file=False,
     )
     return replace(base, **changes)
 
@@ -264,8 +281,8 @@ def stdlib_requests(count: int, seed: int, budget: int) -> list[ContextRequest]:
 @pytest.mark.parametrize("budget", [16, 64, 256, 512])
 def test_the_budget_counts_the_markers_and_paths(repo_tokens, budget):
     """Whole prompts stay within the budget; the repository's name and the current path cost at
-    most their share (else the prompt is the plain FIM one), the other files at most the
-    snippets' share, each counted with its marker and path."""
+    most their share (else the prompt is the plain FIM one), the other files at most the shares
+    of the excerpts' kinds (definitions, snippets, edits), each counted with its marker and path."""
     tokens, builder, layouts = repo_tokens, ContextBuilder(), 0
     for req in stdlib_requests(12, budget, budget):
         prompt = builder.build(req, tokens)
@@ -276,7 +293,8 @@ def test_the_budget_counts_the_markers_and_paths(repo_tokens, budget):
         fixed = 2 + len(tokens.encode(repo.name + "\n")) + len(tokens.encode(repo.path_of(req.uri) + "\n"))
         if prompt.fim == "qwen-repo":
             layouts += 1
-            assert fixed <= budget * REPO_SHARE and len(header) - fixed <= int(budget * SNIPPET_SHARE)
+            shares = sum(int(budget * share) for share in (DEFINITION_SHARE, SNIPPET_SHARE, EDIT_SHARE))
+            assert fixed <= budget * REPO_SHARE and len(header) - fixed <= shares
             assert header[0] == tokens.special_id("<|repo_name|>")
             assert (
                 header.count(tokens.special_id("<|file_sep|>")) == len({s.uri for s in prompt.snippets}) + 1

@@ -125,6 +125,7 @@ def test_to_lsp_uses_the_documented_names():
         "maxLines",
         "fimTemplate",
         "neighborSnippets",
+        "crossFileContext",
         "tokenHealing",
         "workspaceIndexMb",
         "endpoint",

@@ -198,3 +198,58 @@ async def test_on_the_real_model_workspace_drafts_are_verified_and_change_nothin
             await h.stop(client)
     assert answers[0] == answers[1] and answers[0].strip()
     assert drafts[0]["drafts"] > 0 and drafts[0]["accepted"] > 0 and drafts[1]["drafts"] == 0
+
+
+LEDGER = (
+    "def settle_quorum_ember(ledger_limit, harbor_count, ember_ratio):\n"
+    '    """Settle the quorum of an ember."""\n'
+    "    return ledger_limit * harbor_count * ember_ratio\n"
+)
+CALLER = "import spindle_cobalt_0\n\n\ndef run(rows):\n    result = spindle_cobalt_0.settle"
+
+
+async def test_definitions_from_the_workspace_and_edits_elsewhere_reach_the_prompt(tmp_path):
+    """Through the server: a workspace file's definitions (read from disk, not open) and a region
+    just edited in another open document are in the prompt (the answered prompts' excerpts)."""
+    (tmp_path / "spindle_cobalt_0.py").write_text(LEDGER)
+    client, _, _ = await start_in(tmp_path, options={"neighborSnippets": 0})
+    try:
+        await index_stats(client, lambda s: s["definitions"] == 1)
+        caller = from_fs_path(str(tmp_path / "main.py"))
+        h.open_document(client, CALLER, uri=caller)
+        await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
+        assert (await h.stats(client))["excerpts"] == {"definition": 1, "similar": 0, "edit": 0}
+
+        notes = from_fs_path(str(tmp_path / "notes.py"))
+        h.open_document(client, "x = 1\n", uri=notes)
+        h.edit(client, notes, 2, (1, 0), (1, 0), "def tally_receipts(batch):\n    return len(batch)\n")
+        await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
+        assert (await h.stats(client))["excerpts"] == {"definition": 2, "similar": 0, "edit": 1}
+
+        await h.configure(client, {"lspServer": {"crossFileContext": False}})
+        await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
+        stats = await h.stats(client)
+        assert stats["excerpts"] == {"definition": 2, "similar": 0, "edit": 1} and stats["failed"] == 0
+    finally:
+        await h.stop(client)
+
+
+@pytest.mark.real_model
+async def test_on_the_real_model_a_function_from_another_file_is_called_by_its_name(tmp_path):
+    """The issue's example: with the definition in the prompt the default model completes the
+    name it has never seen; without it, it writes one of its own."""
+    (tmp_path / "spindle_cobalt_0.py").write_text(LEDGER)
+    answers = []
+    for cross_file in (True, False):
+        options = {"crossFileContext": cross_file, "timeBudgetMs": 60000, "multiline": "never"}
+        client, _, _ = await start_in(tmp_path, options=options, model=h.DEFAULT)
+        try:
+            await index_stats(client, lambda s: s["definitions"] == 1)
+            caller = from_fs_path(str(tmp_path / "main.py"))
+            h.open_document(client, CALLER, uri=caller)
+            answer = await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
+            answers.append(answer.items[0].insert_text if answer.items else "")
+        finally:
+            await h.stop(client)
+    assert answers[0].startswith("_quorum_ember("), answers
+    assert not answers[1].startswith("_quorum_ember"), answers

@@ -2,7 +2,9 @@
 
 A closed group that needs only a tokenizer: ``builder.py`` (the prompt's layout and healing)
 over ``syntax.py`` (tree-sitter trees), ``outline.py`` and ``budget.py`` (which rows fit),
-``snippets.py`` (other open documents), ``fim.py`` (fill-in-the-middle templates, Qwen2.5-Coder's
+``snippets.py`` (other open documents), ``symbols.py`` and ``definitions.py`` (the definitions
+of the names near the cursor, from the workspace's files and the open documents), ``edits.py``
+(the ring of recent edits across documents), ``fim.py`` (fill-in-the-middle templates, Qwen2.5-Coder's
 repository layout), ``repo.py`` (the repository's name and the paths in that layout),
 ``languages.py`` (grammars and comment markers) and ``tokens.py`` (the tokenizer as counted).
 The rest of the server uses only what this module exports.
@@ -13,21 +15,27 @@ from lsp_server.context.builder import (
     ContextRequest,
     Prompt,
 )
+from lsp_server.context.edits import EditRing
 from lsp_server.context.fim import SETTING_NAMES as FIM_SETTINGS
 from lsp_server.context.fim import is_valid_setting as is_fim_setting
 from lsp_server.context.languages import LanguageSpec, detect, uri_path
 from lsp_server.context.snippets import OpenDocument
+from lsp_server.context.symbols import FileSymbols, SymbolTable, extract
 from lsp_server.context.tokens import Tokens
 
 __all__ = [
     "FIM_SETTINGS",
     "ContextBuilder",
     "ContextRequest",
+    "EditRing",
+    "FileSymbols",
     "LanguageSpec",
     "OpenDocument",
     "Prompt",
+    "SymbolTable",
     "Tokens",
     "detect",
+    "extract",
     "is_fim_setting",
     "uri_path",
 ]

@@ -4,7 +4,11 @@
 whose token ids are fed as they are. It runs on the decode worker thread (it counts real tokens),
 never on the event loop. The layout, first to last:
 
-1. snippets from other open documents (``snippets.py``), as comments;
+1. excerpts of other files, as comments, each kind within its share of the budget: the
+   definitions of the names used above the cursor (``definitions.py``, from the workspace's
+   symbol table, ``symbols.py``, and the open documents'), snippets of other open documents that
+   resemble the code above the cursor (``snippets.py``), and the regions just edited in other
+   documents (``edits.py``);
 2. rows of the document before the cursor, chosen by syntax (``outline.py``, ``budget.py``):
    the imports, the chain of enclosing headers, the nearest sibling code, distant definitions
    dropped whole;
@@ -44,13 +48,14 @@ import logging
 import re
 from dataclasses import dataclass, replace
 
-from lsp_server.context import fim
+from lsp_server.context import definitions, fim
 from lsp_server.context.budget import render, select_rows
 from lsp_server.context.languages import LanguageSpec, detect, grammar
 from lsp_server.context.outline import Outline, SyntaxOutline, text_outline
 from lsp_server.context.repo import Repository, repository_for
 from lsp_server.context.snippets import OpenDocument, Snippet, SnippetIndex, file_body
 from lsp_server.context.snippets import render as render_snippet
+from lsp_server.context.symbols import SymbolCache, SymbolTable
 from lsp_server.context.syntax import ParseCache, Window, to_bytes, window_for
 from lsp_server.context.tokens import Tokens
 
@@ -60,6 +65,8 @@ MAX_CHARS_PER_TOKEN = 8  # generous: code averages ~3-4 characters per token
 HEALABLE = (" ", "\t", "\n")  # after a space, indentation, or at a line start
 RESERVE_STEP = 32  # tokens: the room kept for the cursor's line grows in these steps
 SNIPPET_SHARE = 0.2
+DEFINITION_SHARE = 0.2
+EDIT_SHARE = 0.1
 MIN_SNIPPET_LINES = 4
 SUFFIX_SHARE = 0.25
 REPO_SHARE = 0.1  # the most the repository's name and the current file's path may cost
@@ -67,6 +74,7 @@ QUERY_LINES = 20
 STICKY_SLACK = 0.2  # of the rows' budget: left free when rows are chosen again while typing goes on
 STICKY_ROWS = 8  # the most rows the cursor may move down and still keep the rows shown above it
 _WORD_END = re.compile(r"\w\Z")
+NO_SYMBOLS = SymbolTable()
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,11 @@ class ContextRequest:
     # The editor's workspace folders (URIs): the repository layout names files relative to the one
     # that holds the document (``repo.py``); without them, the nearest folder with a ``.git``.
     workspace_folders: tuple[str, ...] = ()
+    # Context from the rest of the project: definitions of the names near the cursor (the
+    # workspace's ``symbols`` and the open documents') and other documents' recent edits.
+    cross_file: bool = True
+    symbols: SymbolTable | None = None
+    recent_edits: tuple[Snippet, ...] = ()  # newest first (``edits.EditRing.others``)
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,8 @@ class ContextBuilder:
     def __init__(self) -> None:
         self.parses = ParseCache()
         self.snippets = SnippetIndex()
+        self.symbols = SymbolCache()  # the open documents' definitions, by text
+        self.definitions = definitions.Chooser()  # each document's last choice of them
         self.shown: dict[str, Shown] = {}  # by document
 
     def state(self, uri: str) -> Shown | None:
@@ -180,6 +195,7 @@ class ContextBuilder:
         thread)."""
         self.parses.forget(uri)
         self.snippets.forget(uri)
+        self.definitions.forget(uri)
         self.shown.pop(uri, None)
 
     def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
@@ -395,6 +411,34 @@ class ContextBuilder:
         nearby = "".join(lines[max(0, row - 200) : row])
         return self.snippets.choose(query, request.others, request.neighbor_snippets, exclude=nearby)
 
+    def _definitions(
+        self, request: ContextRequest, lines: list[str], row: int, tokens: Tokens, budget: int
+    ) -> list[Snippet]:
+        """The definitions of the names used above the cursor, from other files (``definitions.py``)."""
+        overlay = self.symbols.table(request.others)
+        if request.symbols is None and not len(overlay):
+            return []
+        project = definitions.Project(request.symbols or NO_SYMBOLS, overlay)
+        names = definitions.names_near(lines, row)
+        return self.definitions.choose(project, request.uri, names, tokens.count, budget)
+
+    def _cross_file(
+        self, request: ContextRequest, lines: list[str], row: int, tokens: Tokens, budget: int
+    ) -> list[tuple[list[Snippet], int]]:
+        """The other files' excerpts the prompt may show, by kind, most specific first, each kind
+        with its share of the budget: definitions, snippets that resemble the code, recent edits
+        (those whose lines mostly repeat the lines above the cursor or a snippet left out)."""
+        found = self._found(request, lines, row)
+        if not request.cross_file:
+            return [(found, int(budget * SNIPPET_SHARE))]
+        share = int(budget * DEFINITION_SHARE)
+        defined = self._definitions(request, lines, row, tokens, share)
+        edits: list[Snippet] = []
+        if request.recent_edits:
+            held = "".join(lines[max(0, row - 200) : row]) + "\n".join(s.text for s in found)
+            edits = [s for s in request.recent_edits if not _mostly_held(s.text, held)]
+        return [(defined, share), (found, int(budget * SNIPPET_SHARE)), (edits, int(budget * EDIT_SHARE))]
+
     def _snippets(
         self,
         request: ContextRequest,
@@ -404,20 +448,20 @@ class ContextBuilder:
         tokens: Tokens,
         budget: int,
     ) -> tuple[list[Snippet], str]:
-        """The snippets as comments in the current file's language, each cut from its end to fit
-        what is left of ``SNIPPET_SHARE`` of the budget."""
-        found = self._found(request, lines, row)
-        kept, parts, left = [], [], int(budget * SNIPPET_SHARE)
-        for snippet in found:
-            size = snippet.text.count("\n") + 1
-            for lines in range(size, MIN_SNIPPET_LINES - 1, -1):  # cut from its end to fit its share
-                part = clean(render_snippet(snippet, spec.comment, lines))
-                cost = tokens.count(part)
-                if cost <= left:
-                    kept.append(snippet)
-                    parts.append(part)
-                    left -= cost
-                    break
+        """The other files' excerpts as comments in the current file's language, each cut from its
+        end to fit what is left of its kind's share of the budget."""
+        kept, parts = [], []
+        for found, left in self._cross_file(request, lines, row, tokens, budget):
+            for snippet in found:
+                size = snippet.text.count("\n") + 1
+                for shown in range(size, _fewest_lines(snippet) - 1, -1):  # cut from its end
+                    part = clean(render_snippet(snippet, spec.comment, shown))
+                    cost = tokens.count(part)
+                    if cost <= left:
+                        kept.append(snippet)
+                        parts.append(part)
+                        left -= cost
+                        break
         return kept, "".join(parts)
 
     @staticmethod
@@ -448,29 +492,29 @@ class ContextBuilder:
         tokens: Tokens,
         budget: int,
     ) -> tuple[list[Snippet], list[fim.RepoFile]]:
-        """The snippets as files of the repository layout: a file's snippets under its one path,
-        files in the order of their best snippet, each snippet cut from its end to fit what is
-        left of ``SNIPPET_SHARE`` of the budget (a file's path and marker counted with it)."""
+        """The other files' excerpts as files of the repository layout: a file's excerpts under its
+        one path, files in the order of their best excerpt, each excerpt cut from its end to fit
+        what is left of its kind's share of the budget (a file's path and marker counted with it)."""
         languages = {doc.uri: doc.language_id for doc in request.others}
         parts: dict[str, list[tuple[Snippet, int]]] = {}
         paths: dict[str, str] = {}
         costs: dict[str, int] = {}
         kept: list[Snippet] = []
-        left = int(budget * SNIPPET_SHARE)
-        for snippet in self._found(request, lines, row):
-            uri = snippet.uri
-            if uri not in paths:
-                paths[uri] = clean(layout.repository.path_of(uri, detect(languages.get(uri), uri)))
-            before = costs.get(uri, 0)
-            size = snippet.text.count("\n") + 1
-            for shown in range(size, MIN_SNIPPET_LINES - 1, -1):  # cut from its end to fit its share
-                trial = [*parts.get(uri, []), (snippet, shown)]
-                cost = fim.file_cost(paths[uri], clean(file_body(trial)), tokens)
-                if cost - before <= left:
-                    parts[uri], costs[uri] = trial, cost
-                    kept.append(snippet)
-                    left -= cost - before
-                    break
+        for found, left in self._cross_file(request, lines, row, tokens, budget):
+            for snippet in found:
+                uri = snippet.uri
+                if uri not in paths:
+                    paths[uri] = clean(layout.repository.path_of(uri, detect(languages.get(uri), uri)))
+                before = costs.get(uri, 0)
+                size = snippet.text.count("\n") + 1
+                for shown in range(size, _fewest_lines(snippet) - 1, -1):  # cut from its end
+                    trial = [*parts.get(uri, []), (snippet, shown)]
+                    cost = fim.file_cost(paths[uri], clean(file_body(trial)), tokens)
+                    if cost - before <= left:
+                        parts[uri], costs[uri] = trial, cost
+                        kept.append(snippet)
+                        left -= cost - before
+                        break
         files = [fim.RepoFile(paths[uri], clean(file_body(part))) for uri, part in parts.items()]
         return kept, files
 
@@ -494,3 +538,16 @@ def _healed(prefix: str, ids: list[int], tokens: Tokens) -> tuple[str, list[int]
     if cut.removed and len(cut.removed) < len(prefix):
         return prefix[: -len(cut.removed)], cut.ids, cut.removed
     return prefix, ids, ""
+
+
+def _fewest_lines(snippet: Snippet) -> int:
+    """An excerpt cut from its end keeps at least this many lines: a few for a window of code (less
+    says nothing), one for definitions (each line is a signature of its own)."""
+    return 1 if snippet.kind == "definition" else min(snippet.text.count("\n") + 1, MIN_SNIPPET_LINES)
+
+
+def _mostly_held(text: str, held: str) -> bool:
+    """Whether most of ``text``'s lines (whitespace aside) are lines of ``held`` already."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    have = {line.strip() for line in held.splitlines()}
+    return not lines or sum(line in have for line in lines) * 2 >= len(lines)

@@ -23,6 +23,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from lsp_server.context.languages import detect, uri_path
 
@@ -132,12 +133,20 @@ class OpenDocument:
     language_id: str | None = None
 
 
+ExcerptKind = Literal["similar", "definition", "edit"]
+
+
 @dataclass(frozen=True)
 class Snippet:
+    """An excerpt of another file the prompt may show: a window that resembles the code at the
+    cursor, the definitions of names used there (``definitions.py``), or a region just edited
+    (``edits.py``)."""
+
     uri: str
     first_line: int  # 0-based, in that document
     text: str
     score: float
+    kind: ExcerptKind = "similar"
 
 
 def identifiers(text: str) -> frozenset[str]:

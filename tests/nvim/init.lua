@@ -4,6 +4,8 @@
 --     drawn with virtual text (the ghost text of either path), in the order they happened, each
 --     with the buffer's changedtick at that moment;
 --   _G.test.notes: every vim.notify message;
+--   _G.test.commands: every workspace/executeCommand a client sent (command, arguments) and, once
+--     answered, the error (vim.NIL for none): what the server was told was accepted;
 --   work-done progress of any client ('progress_begin' / 'progress_report' / 'progress_end', with
 --     its token) among the events.
 local env = vim.env
@@ -11,7 +13,7 @@ vim.opt.rtp:prepend(env.SC_PLUGIN_DIR)
 vim.opt.swapfile = false
 vim.opt.shadafile = 'NONE'
 
-_G.test = { events = {}, notes = {} }
+_G.test = { events = {}, notes = {}, commands = {} }
 local events = _G.test.events
 local api = vim.api
 
@@ -44,6 +46,32 @@ api.nvim_create_autocmd('LspRequest', {
         id = args.data.request_id,
         tick = api.nvim_buf_get_changedtick(request.bufnr),
       })
+    end
+  end,
+})
+
+-- The client's request method, wrapped per client (both paths send their commands through it).
+api.nvim_create_autocmd('LspAttach', {
+  callback = function(args)
+    local client = vim.lsp.get_client_by_id(args.data.client_id)
+    if not client or client.test_wrapped then
+      return
+    end
+    client.test_wrapped = true
+    local request = client.request
+    client.request = function(self, method, params, handler, ...)
+      if method == 'workspace/executeCommand' then
+        local entry = { command = params.command, arguments = params.arguments }
+        table.insert(_G.test.commands, entry)
+        local inner = handler or vim.lsp.handlers[method]
+        handler = function(err, ...)
+          entry.error = err and (err.message or tostring(err)) or vim.NIL
+          if inner then
+            return inner(err, ...)
+          end
+        end
+      end
+      return request(self, method, params, handler, ...)
     end
   end,
 })

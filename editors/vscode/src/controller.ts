@@ -9,11 +9,14 @@ import type { Readable } from 'node:stream';
 import * as vscode from 'vscode';
 import {
   DidChangeConfigurationNotification,
+  ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
   type ServerOptions,
   State,
 } from 'vscode-languageclient/node';
+import { ACCEPTED_COMMAND, PartialAccepts } from './partialAccept';
+import { answeredItems, watchPartialAccepts } from './partialAcceptEvents';
 import { serverLogWriter } from './serverLog';
 import {
   explicitValue,
@@ -68,11 +71,15 @@ export class Controller implements vscode.Disposable {
   private error: string | undefined;
   private pollTimer: NodeJS.Timeout | undefined;
   private generation = 0; // one per started client: a poll of an old client stops by itself
+  private readonly partialAccepts = new PartialAccepts();
+  private readonly watcher: vscode.Disposable;
 
   constructor(
     private readonly output: vscode.LogOutputChannel,
     private readonly item: vscode.StatusBarItem,
-  ) {}
+  ) {
+    this.watcher = watchPartialAccepts(this.partialAccepts, (uri, text) => void this.tellAccepted(uri, text));
+  }
 
   private enabled(): boolean {
     return vscode.workspace.getConfiguration(SECTION).get<boolean>('enabled', true);
@@ -106,9 +113,20 @@ export class Controller implements vscode.Disposable {
           const result = await next(document, position, context, token);
           if (!token.isCancellationRequested) {
             this.lastLatencyMs = performance.now() - sent;
+            this.partialAccepts.answered(document.uri.toString(), answeredItems(result, position));
             this.render();
           }
           return result;
+        },
+        // VS Code runs an item's command when it is accepted whole, with the whole text: after
+        // partial accepts (already told) only the rest is told.
+        executeCommand: (command, args, next) => {
+          const [uri, text] = args;
+          if (command !== ACCEPTED_COMMAND || typeof uri !== 'string' || typeof text !== 'string') {
+            return next(command, args);
+          }
+          const rest = this.partialAccepts.wholeAccepted(vscode.Uri.parse(uri).toString(), text);
+          return rest === '' ? undefined : next(command, [uri, rest]);
         },
         handleWorkDoneProgress: (token, params, next) => {
           next(token, params);
@@ -206,6 +224,22 @@ export class Controller implements vscode.Disposable {
     await config.update('enabled', !this.enabled(), target);
   }
 
+  /** Tell the server that `text` of a suggestion in `uri` was accepted (a partial accept). */
+  private async tellAccepted(uri: vscode.Uri, text: string): Promise<void> {
+    const client = this.client;
+    if (!client?.isRunning()) {
+      return;
+    }
+    try {
+      await client.sendRequest(ExecuteCommandRequest.type, {
+        command: ACCEPTED_COMMAND,
+        arguments: [client.code2ProtocolConverter.asUri(uri), text],
+      });
+    } catch (reason) {
+      this.output.warn(`${ACCEPTED_COMMAND} failed: ${String(reason)}`);
+    }
+  }
+
   /** Ask for an inline suggestion where the cursor is now, without a keystroke. */
   private async reask(): Promise<void> {
     if (vscode.window.activeTextEditor) {
@@ -268,6 +302,7 @@ export class Controller implements vscode.Disposable {
   }
 
   dispose(): void {
+    this.watcher.dispose();
     void this.stop();
   }
 }

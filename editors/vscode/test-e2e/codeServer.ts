@@ -104,6 +104,11 @@ export class CodeServer {
     writeFileSync(join(this.userData, 'User', 'settings.json'), JSON.stringify(settings, null, 2));
   }
 
+  /** User keybindings (keybindings.json), written before the window opens. */
+  writeKeybindings(bindings: { key: string; command: string; when?: string }[]): void {
+    writeFileSync(join(this.userData, 'User', 'keybindings.json'), JSON.stringify(bindings, null, 2));
+  }
+
   async start(): Promise<void> {
     this.port = await freePort();
     const args = [

@@ -31,7 +31,9 @@ export function installRecorder(): void {
 
   function ghostState(): Omit<GhostState, 't'> {
     const ghosts = Array.from(document.querySelectorAll('.part.editor .monaco-editor [class*="ghost-text"]'));
-    const first = ghosts[0];
+    // The first line of a suggestion decorates the cursor's line (`ghost-text-decoration`, a span
+    // per token); the lines under it are a view zone's (`ghost-text`), which may come first here.
+    const first = ghosts.find((element) => element.className.includes('ghost-text-decoration')) ?? ghosts[0];
     const line = first?.closest('.view-line');
     if (!first || !line) {
       return { before: '', ghost: '', after: '' };
@@ -48,9 +50,15 @@ export function installRecorder(): void {
         after += plain(span.textContent);
       }
     }
-    // Lines of a multi-line suggestion below the cursor's line (a view zone, not in `line`).
+    // Lines of a multi-line suggestion below the cursor's line (a view zone, not in `line`): the
+    // spans of one line share their parent.
+    const below = new Map<Element, string>();
     for (const extra of ghosts.filter((element) => !line.contains(element))) {
-      ghost += '\n' + plain(extra.textContent);
+      const row = extra.closest('.view-line') ?? extra.parentElement ?? extra;
+      below.set(row, (below.get(row) ?? '') + plain(extra.textContent));
+    }
+    for (const text of below.values()) {
+      ghost += '\n' + text;
     }
     return { before, ghost, after };
   }

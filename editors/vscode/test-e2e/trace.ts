@@ -91,6 +91,8 @@ export interface InlineRequest {
   typed: string;
   /** The whole line each answered item proposes (the item's edit applied to the line). */
   proposals: string[];
+  /** Each answered item's text. */
+  texts: string[];
   /** How it ended: answered (with or without items), cancelled by the editor, an error, or still open. */
   outcome: 'answered' | 'cancelled' | 'error' | 'pending';
   settledAt: number | undefined;
@@ -126,6 +128,7 @@ export function inlineRequests(events: readonly TraceEvent[], uri: string): Inli
         sentAt: index,
         typed: lineOf(text, params.position.line).slice(0, params.position.character),
         proposals: [] as string[],
+        texts: [] as string[],
         outcome: 'pending' as InlineRequest['outcome'],
         settledAt: undefined,
         changedInFlight: false,
@@ -148,15 +151,17 @@ export function inlineRequests(events: readonly TraceEvent[], uri: string): Inli
         request.proposals = items.map((item) =>
           proposal(request.text, request.line, request.character, item),
         );
+        request.texts = items.map(insertText);
         settle(request, 'answered', index);
       }
     }
   });
-  return all.map(({ id, sentAt, typed, proposals, outcome, settledAt, changedInFlight }) => ({
+  return all.map(({ id, sentAt, typed, proposals, texts, outcome, settledAt, changedInFlight }) => ({
     id,
     sentAt,
     typed,
     proposals,
+    texts,
     outcome,
     settledAt,
     changedInFlight,
@@ -170,12 +175,57 @@ export function inlineRequests(events: readonly TraceEvent[], uri: string): Inli
   }
 }
 
+function insertText(item: any): string {
+  return typeof item.insertText === 'string' ? item.insertText : String(item.insertText?.value ?? '');
+}
+
 /** The line an inline item proposes: its insertText over its range (the cursor when none). */
 function proposal(text: string, line: number, character: number, item: any): string {
-  const insert = typeof item.insertText === 'string' ? item.insertText : String(item.insertText?.value ?? '');
+  const insert = insertText(item);
   const range: Range = item.range ?? { start: { line, character }, end: { line, character } };
   const edited = applyChange(text, { range, text: insert });
   return lineOf(edited, range.start.line);
+}
+
+/** The text of the document `uri` as the server was last told (didOpen, then each didChange). */
+export function documentText(events: readonly TraceEvent[], uri: string): string | undefined {
+  let text: string | undefined;
+  for (const { type, message } of events) {
+    if (type !== 'send-notification' || message.params?.textDocument?.uri !== uri) {
+      continue;
+    }
+    if (message.method === 'textDocument/didOpen') {
+      text = message.params.textDocument.text;
+    } else if (message.method === 'textDocument/didChange' && text !== undefined) {
+      for (const change of message.params.contentChanges) {
+        text = applyChange(text, change);
+      }
+    }
+  }
+  return text;
+}
+
+/**
+ * The texts the client told the server were accepted in `uri` (lsp_server.accepted's second
+ * argument), in the order sent, each with whether its answer came back without an error (undefined
+ * while none came back).
+ */
+export function acceptedTexts(events: readonly TraceEvent[], uri: string): { text: string; ok?: boolean }[] {
+  const told = new Map<number | string, { text: string; ok?: boolean }>();
+  for (const { type, message } of events) {
+    const [about, text] = message.params?.arguments ?? [];
+    if (
+      type === 'send-request' &&
+      message.method === 'workspace/executeCommand' &&
+      message.params.command === 'lsp_server.accepted' &&
+      about === uri
+    ) {
+      told.set(message.id!, { text });
+    } else if (type === 'receive-response' && message.id !== undefined && told.has(message.id)) {
+      told.get(message.id)!.ok = message.error === undefined;
+    }
+  }
+  return [...told.values()];
 }
 
 /** Requests of a method sent (any document): e.g. none of textDocument/completion must be. */

@@ -26,8 +26,11 @@ M.defaults = {
   },
   -- The server's settings (README, "Settings"): sent as init_options and on workspace/configuration.
   settings = {},
-  -- Insert-mode keys; `false` leaves a key unmapped (see require('speculative_complete').accept()).
-  keymaps = { accept = '<Tab>' },
+  -- Insert-mode keys, each its usual self when no suggestion is shown; `false` leaves one unmapped
+  -- (see require('speculative_complete').accept()). The whole suggestion on Tab and its first line
+  -- on Shift-Tab as llama.vim; its next word on Ctrl-Right, VS Code's key for that, a motion by a
+  -- word in Insert mode otherwise.
+  keymaps = { accept = '<Tab>', accept_word = '<C-Right>', accept_line = '<S-Tab>' },
   -- 'auto': Neovim's own vim.lsp.inline_completion where it exists (0.12+), else 'extmark'.
   -- 'extmark': this plugin's ghost text (any Neovim >= 0.10).
   ghost_text = 'auto',
@@ -99,9 +102,11 @@ function M.resolve(user)
   if type(config.keymaps) ~= 'table' then
     fail('keymaps', 'a table', config.keymaps)
   end
+  local keymap_names = vim.tbl_keys(M.defaults.keymaps)
+  table.sort(keymap_names)
   for name, key in pairs(config.keymaps) do
-    if name ~= 'accept' then
-      fail('keymaps.' .. name, 'not set (only keymaps.accept exists)', key)
+    if M.defaults.keymaps[name] == nil then
+      fail('keymaps.' .. name, 'not set (the keymaps are ' .. table.concat(keymap_names, ', ') .. ')', key)
     end
     if key ~= false and (type(key) ~= 'string' or key == '') then
       fail('keymaps.' .. name, 'a key such as "<Tab>", or false', key)

@@ -4,6 +4,7 @@
 -- exactly what the request was made for. Cleared on InsertLeave.
 
 local lsp_client = require('speculative_complete.client')
+local partial = require('speculative_complete.partial')
 
 local api = vim.api
 local M = {}
@@ -24,6 +25,7 @@ local options = { debounce_ms = 75, enabled = true }
 ---@field start integer[] {row, col} of the text to replace (0-based, bytes)
 ---@field finish integer[] {row, col} where the replaced text ends
 ---@field text string what start..finish becomes
+---@field command lsp.Command? run when it is accepted
 
 ---@class speculative_complete.Buffer
 ---@field client_id integer
@@ -185,8 +187,11 @@ function M.dismiss(bufnr)
 end
 
 local function on_change(bufnr)
-  M.dismiss(bufnr)
   local state = buffers[bufnr]
+  if state and state.shown and still(bufnr, state.shown.snap) then
+    return -- the change was the plugin's own partial accept: the rest shown is still right
+  end
+  M.dismiss(bufnr)
   if state and options.enabled then
     state.timer:start(
       options.debounce_ms,
@@ -256,9 +261,49 @@ function M.reask(bufnr)
   end
 end
 
---- Accept the suggestion shown in `bufnr`: true when there is one (it is applied right after, so
---- this can run inside an <expr> mapping), false when there is nothing to accept.
-function M.accept(bufnr)
+local function run_command(bufnr, command)
+  local client = command and vim.lsp.get_client_by_id(buffers[bufnr].client_id)
+  if client then
+    lsp_client.execute(client, bufnr, command)
+  end
+end
+
+--- The whole suggestion: start..finish becomes its text, then its command runs.
+local function apply(bufnr, shown)
+  M.dismiss(bufnr)
+  local lines = vim.split(shown.text, '\n', { plain = true })
+  local start, finish = shown.start, shown.finish
+  api.nvim_buf_set_text(bufnr, start[1], start[2], finish[1], finish[2], lines)
+  local last = #lines == 1 and start[2] + #lines[1] or #lines[#lines]
+  api.nvim_win_set_cursor(0, { start[1] + #lines, last })
+  run_command(bufnr, shown.command)
+end
+
+--- `part` of the rest `rest` inserted at the cursor, the server told of it alone, and the rest of
+--- the rest shown as the suggestion now there (its own command tells of that rest only).
+local function apply_part(bufnr, shown, rest, part)
+  M.dismiss(bufnr)
+  local row, col = shown.snap.row, shown.snap.col
+  local end_row, end_col = partial.shift(shown.finish[1], shown.finish[2], row, col, part)
+  local last_row, last_col = partial.insert(bufnr, row, col, part)
+  run_command(bufnr, partial.command_for(shown.command, part))
+  local remainder = rest:sub(#part + 1)
+  local snap = snapshot(bufnr)
+  if snap and snap.row == last_row and snap.col == last_col then
+    show(bufnr, {
+      snap = snap,
+      start = { last_row, last_col },
+      finish = { end_row, end_col },
+      text = remainder,
+      command = partial.command_for(shown.command, remainder),
+    }, remainder)
+  end
+end
+
+--- Accept the suggestion shown in `bufnr`, or with `take` (partial.word, partial.line) only that
+--- part of what is left of it: true when there is one (it is applied right after, so this can run
+--- inside an <expr> mapping), false when there is nothing to accept.
+function M.accept(bufnr, take)
   local state = buffers[bufnr]
   local shown = state and state.shown
   if not shown or not still(bufnr, shown.snap) then
@@ -268,18 +313,13 @@ function M.accept(bufnr)
     if not buffers[bufnr] or buffers[bufnr].shown ~= shown or not still(bufnr, shown.snap) then
       return
     end
-    M.dismiss(bufnr)
-    local lines = vim.split(shown.text, '\n', { plain = true })
-    local start, finish = shown.start, shown.finish
-    api.nvim_buf_set_text(bufnr, start[1], start[2], finish[1], finish[2], lines)
-    local last = #lines == 1 and start[2] + #lines[1] or #lines[#lines]
-    api.nvim_win_set_cursor(0, { start[1] + #lines, last })
-    -- As Neovim 0.12's own inline completion does: run the item's command after inserting it
-    -- (lsp_server's `lsp_server.accepted` feeds accepted text back to its drafter).
-    local client = shown.command and vim.lsp.get_client_by_id(state.client_id)
-    if client then
-      local params = { command = shown.command.command, arguments = shown.command.arguments }
-      lsp_client.call(client, 'request', 'workspace/executeCommand', params, function() end, bufnr)
+    local typed = shown.snap.col - shown.start[2] -- fit() checked the text begins with it
+    local rest = shown.text:sub(typed + 1)
+    local part = take and take(rest) or rest
+    if part == rest or part == '' then
+      apply(bufnr, shown) -- what is left is the whole rest: the whole suggestion
+    else
+      apply_part(bufnr, shown, rest, part)
     end
   end)
   return true

@@ -5,10 +5,12 @@
 -- setup() starts the server for the configured filetypes (one process for the whole editor) and,
 -- in each buffer it attaches to, shows its suggestions as ghost text: Neovim's own
 -- vim.lsp.inline_completion on 0.12+, the plugin's extmarks on 0.10/0.11 (or ghost_text =
--- 'extmark'). The accept key (Tab) inserts the suggestion, or is a plain Tab when none is shown.
+-- 'extmark'). The accept key (Tab) inserts the suggestion, or is a plain Tab when none is shown;
+-- accept_word (<C-Right>) and accept_line (<S-Tab>) insert its next word or the rest of its line.
 
 local config_mod = require('speculative_complete.config')
 local lsp_client = require('speculative_complete.client')
+local partial = require('speculative_complete.partial')
 
 local api = vim.api
 local M = {}
@@ -71,28 +73,54 @@ function M.start(bufnr)
   })
 end
 
---- Accept the suggestion shown in `bufnr` (default: current). True when one will be inserted.
-function M.accept(bufnr)
+local function accept_with(bufnr, take)
   if not M.config then
     return false
   end
   bufnr = (bufnr == nil or bufnr == 0) and api.nvim_get_current_buf() or bufnr
-  return path_module().accept(bufnr) == true
+  return path_module().accept(bufnr, take) == true
 end
 
-local function map_accept(bufnr, key)
+--- Accept the suggestion shown in `bufnr` (default: current). True when one will be inserted.
+function M.accept(bufnr)
+  return accept_with(bufnr, nil)
+end
+
+--- Insert the next word of the suggestion shown (its leading whitespace, then one word or one run
+--- of punctuation); the rest stays shown. True when there is a suggestion.
+function M.accept_word(bufnr)
+  return accept_with(bufnr, partial.word)
+end
+
+--- Insert the rest of the suggestion's first line (a line break and the next line when it starts
+--- with one); the rest stays shown. True when there is a suggestion.
+function M.accept_line(bufnr)
+  return accept_with(bufnr, partial.line)
+end
+
+local MAPPINGS = { -- keymaps name -> what the key does, and its description
+  accept = { M.accept, 'Accept the speculative_complete suggestion' },
+  accept_word = { M.accept_word, 'Accept the next word of the speculative_complete suggestion' },
+  accept_line = { M.accept_line, 'Accept the next line of the speculative_complete suggestion' },
+}
+
+--- `key` does `name`'s action when a suggestion is shown, and what it always does otherwise.
+local function map(bufnr, name, key)
+  local action, desc = unpack(MAPPINGS[name])
   vim.keymap.set('i', key, function()
-    if M.accept(bufnr) then
+    if action(bufnr) then
       return ''
     end
     return key
-  end, { buffer = bufnr, expr = true, desc = 'Accept the speculative_complete suggestion' })
+  end, { buffer = bufnr, expr = true, desc = desc })
 end
 
 local function on_attach(bufnr, client)
   path_module().attach(bufnr, client)
-  if M.config.keymaps.accept then
-    map_accept(bufnr, M.config.keymaps.accept)
+  for name, key in pairs(M.config.keymaps) do
+    if key then
+      map(bufnr, name, key)
+    end
   end
 end
 

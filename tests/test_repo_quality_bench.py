@@ -1,0 +1,79 @@
+"""A fast smoke run of ``benchmarks/repo_quality.py`` on a two-file project with the tiny random
+model: the cases it picks (lines that use another file's name), both prompts, the JSON; not its
+numbers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from benchmarks import repo_quality
+from lsp_server.context.builder import ContextBuilder, ContextRequest
+from lsp_server.context.tokens import Tokens
+from tests.lsp_helpers import tiny_model_dir, tokenizer_source
+
+LIBRARY = (
+    "".join(f"def settle_ledger_{i}(amount, rate):\n    return amount * rate + {i}\n\n\n" for i in range(4))
+    + "class HarborClerk:\n    def tally(self, rows):\n        return len(rows)\n\n\nHARBOR_LIMIT = 40\n"
+)
+CALLER = (
+    '"""Callers.\n\nsettle_ledger_0(docstring, not code)\n"""\nfrom library import settle_ledger_0\n\n\n'
+    + "".join(f"def step_{i}(rows):\n    total = len(rows) * {i}\n    return total\n\n\n" for i in range(3))
+    + "def run(rows):\n    value = settle_ledger_0(rows, 2)\n    clerk = HarborClerk()\n"
+    + "    # settle_ledger_1(rows) in a comment\n    limit = HARBOR_LIMIT + 1\n    plain = rows + 1\n"
+)
+
+
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "harbor"
+    root.mkdir()
+    (root / "library.py").write_text(LIBRARY)
+    (root / "caller.py").write_text(CALLER)
+    return root
+
+
+def test_cases_are_code_lines_that_use_another_files_name(tmp_path):
+    root = project(tmp_path)
+    texts, table = repo_quality.scan(root)
+    cases = repo_quality.sample_cases("harbor", texts, table, 10, 0)
+    assert sorted(c.expected for c in cases) == [
+        "clerk = HarborClerk()",
+        "limit = HARBOR_LIMIT + 1",
+        "value = settle_ledger_0(rows, 2)",
+    ]  # not the docstring's or the comment's mention, not the plain line, not the import
+    case = next(c for c in cases if c.expected.startswith("value"))
+    assert case.text[case.offset - 4 : case.offset] == "    " and case.text[case.offset] == "\n"
+    # what the cross-file prompt adds: the definition, found through the import
+    tokens = Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(tokenizer_source())))
+    uri = Path(case.file).as_uri()
+    request = ContextRequest(case.text, case.offset, 512, uri=uri, language_id="python", symbols=table)
+    (excerpt,) = ContextBuilder().build(request, tokens).snippets
+    assert excerpt.kind == "definition" and excerpt.text.startswith("def settle_ledger_0(amount, rate):")
+    assert not ContextBuilder().build(replace(request, cross_file=False), tokens).snippets
+
+
+def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
+    out = tmp_path / "repo_quality.json"
+    result = repo_quality.main(
+        [
+            f"--projects={project(tmp_path)}",
+            "--n=3",
+            "--budget=128",
+            "--max-new-tokens=4",
+            "--keystroke-lines=1",
+            f"--model={tiny_model_dir()}",
+            "--cost-model=none",
+            f"--out={out}",
+        ]
+    )
+    saved = json.loads(out.read_text())
+    assert saved["summary"] == json.loads(json.dumps(result["summary"]))
+    row = saved["summary"]["all"]
+    assert row["n"] == 3 and saved["summary"]["harbor"]["n"] == 3
+    for variant in repo_quality.VARIANTS:
+        assert 0.0 <= row[variant]["exact"] <= 1.0 and 0 < row[variant]["prompt_tokens_mean"] <= 128
+    share = saved["keystroke_prefix_share"]
+    assert 0.5 < share["single_file"] <= 1.0 and 0.5 < share["cross_file"] <= 1.0
