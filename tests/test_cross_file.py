@@ -320,3 +320,35 @@ def test_a_documents_choice_holds_until_a_new_name_with_a_definition_comes_near(
         ContextRequest(moved, len(moved), 512, uri=CALLER_URI, others=others), tokens
     )
     assert all("class Harbor" not in s.text for s in fresh.snippets)  # what a fresh choice would be
+
+
+def test_names_imported_over_several_lines_are_asked_about():
+    lines = [
+        "from .exceptions import (\n",
+        "    ConnectionError,\n",
+        "    SSLError as TlsError,\n",
+        ")\n",
+        "import pathlib\n",
+        "x = 1\n",
+        "",
+    ]
+    assert definitions.imported_names(lines) == [
+        "exceptions",
+        "ConnectionError",
+        "SSLError",
+        "TlsError",
+        "pathlib",
+    ]
+    far = [*lines[:-1], *(["filler_value = 1\n"] * 25), ""]  # the imports beyond the near lines
+    near = definitions.names_near(far, len(far) - 1)
+    assert near == ["filler_value", "exceptions", "ConnectionError", "SSLError", "TlsError", "pathlib"]
+
+
+def test_a_class_too_large_for_the_share_comes_with_its_constructor_alone():
+    members = "".join(f"    def method_number_{i}(self, argument_{i}):\n        pass\n\n" for i in range(12))
+    source = f"class Ledger:\n    def __init__(self, rows, limit):\n        pass\n\n{members}"
+    project = definitions.Project(SymbolTable.of([extract("file:///w/ledger.py", source, "python")]))
+    whole = definitions.choose(project, CALLER_URI, ["Ledger"], len, 10_000)
+    assert whole[0].text.count("def ") == definitions.MAX_MEMBERS  # the first of its methods
+    (small,) = definitions.choose(project, CALLER_URI, ["Ledger"], definitions.estimate, 60)
+    assert small.text == "class Ledger:\n    def __init__(self, rows, limit):"

@@ -39,7 +39,10 @@ MAX_DEFINERS = 3
 MAX_IMPORT_LINES = 400  # lines from the top searched for imports
 FILE_HEADER_TOKENS = 16  # a file's header or path in the prompt, as estimated before it is rendered
 MAX_MEMBERS = 12
-_IMPORT_LINE = re.compile(r"^\s*(from\s|import\s|use\s|#\s*include|using\s|.*\brequire\()")
+_IMPORT_STARTS = ("from ", "import ", "use ", "#include", "# include", "using ")
+MAX_MODULE_DEFINITIONS = 40  # of one module's top-level definitions, the first in file order
+MIN_ENTRY_TOKENS = 8  # less budget left than this: no definition fits
+CHARS_PER_TOKEN = 3  # an estimate on the safe side: code averages 3.5-4 characters a token
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -53,15 +56,15 @@ class Project:
 
     @functools.cached_property
     def _fresh(self) -> frozenset[str]:
-        return frozenset(uri_path(uri) for uri in self.overlay.files)
+        return frozenset(_path(uri) for uri in self.overlay.files)
 
     def definitions(self, name: str) -> list[tuple[FileSymbols, Definition]]:
-        found = [(f, d) for f, d in self.table.definitions(name) if uri_path(f.uri) not in self._fresh]
+        found = [(f, d) for f, d in self.table.definitions(name) if _path(f.uri) not in self._fresh]
         return found + self.overlay.definitions(name)
 
     def modules(self, name: str) -> list[FileSymbols]:
         found = [self.table.files[uri] for uri in self.table.by_module.get(name, ())]
-        found = [f for f in found if uri_path(f.uri) not in self._fresh]
+        found = [f for f in found if _path(f.uri) not in self._fresh]
         return found + [self.overlay.files[uri] for uri in self.overlay.by_module.get(name, ())]
 
 
@@ -71,10 +74,28 @@ def names_near(lines: Sequence[str], row: int) -> list[str]:
     names: list[str] = []
     for line in reversed(lines[max(0, row - NEAR_LINES) : row]):
         names += _words(line)
-    for line in lines[: min(row, MAX_IMPORT_LINES)]:
-        if _IMPORT_LINE.match(line):
+    return list(dict.fromkeys(names + imported_names(lines[: min(row, MAX_IMPORT_LINES)])))
+
+
+def imported_names(lines: Sequence[str]) -> list[str]:
+    """The names import lines mention, an import's continuation lines included (Python's
+    ``from x import (`` ... ``)``, JavaScript's ``import {`` ... ``}``)."""
+    names: list[str] = []
+    open_brackets = 0
+    for line in lines:
+        stripped = line.lstrip()
+        if open_brackets > 0 or stripped.startswith(_IMPORT_STARTS) or "require(" in stripped:
             names += _words(line)
-    return list(dict.fromkeys(names))
+            open_brackets = max(0, open_brackets + line.count("(") + line.count("{"))
+            open_brackets = max(0, open_brackets - line.count(")") - line.count("}"))
+    return names
+
+
+def estimate(text: str) -> int:
+    """Tokens ``text`` costs, estimated from its length: tokenizing each candidate would cost more
+    than the rest of the choice, and the builder fits the chosen excerpts with exact counts (an
+    excerpt over its share loses lines from its end)."""
+    return len(text) // CHARS_PER_TOKEN + 1
 
 
 def _words(line: str) -> list[str]:
@@ -87,24 +108,46 @@ def choose(
     project: Project, uri: str, names: Iterable[str], cost: Callable[[str], int], budget: int
 ) -> list[Snippet]:
     """Excerpts of definitions (one per file) for ``names``, within ``budget`` as ``cost`` counts,
-    files in the order their first definition was chosen; none from ``uri`` itself."""
-    here = uri_path(uri)
-    shown: dict[str, dict[int, str]] = {}  # by file: line -> text
-    files: dict[str, FileSymbols] = {}
+    files in the order their first definition was chosen; none from ``uri`` itself. They are
+    chosen by ``estimate``; where that was short, the last chosen go until ``cost`` agrees."""
+    here = _path(uri)
+    picked: list[tuple[FileSymbols, dict[int, str]]] = []  # in the order chosen
+    shown: set[tuple[str, int]] = set()
     left = budget
-    for symbols, entries in _candidates(project, here, names):
-        page = shown.get(symbols.uri, {})
-        new = {line: text for line, text in entries.items() if line not in page}
-        if not new:
-            continue
-        spend = sum(cost(text) + text.count("\n") + 2 for text in new.values())  # comment marks
-        spend += 0 if page else FILE_HEADER_TOKENS
-        if spend > left:
-            continue
-        shown[symbols.uri] = {**page, **new}
+    for symbols, alternatives in _candidates(project, here, names):
+        if left < MIN_ENTRY_TOKENS:
+            break
+        first = all(f.uri != symbols.uri for f, _ in picked)
+        for entries in alternatives:  # the fullest that fits
+            new = {line: text for line, text in entries.items() if (symbols.uri, line) not in shown}
+            spend = _spend(new.values(), estimate, first=first)
+            if new and spend <= left:
+                picked.append((symbols, new))
+                shown.update((symbols.uri, line) for line in new)
+                left -= spend
+                break
+    while picked and _cost(picked, cost) > budget:
+        picked.pop()
+    return _excerpts(picked)
+
+
+def _spend(texts: Iterable[str], cost: Callable[[str], int], first: bool) -> int:
+    """What entries cost in the prompt: their text, a comment mark per line, a file's header."""
+    return sum(cost(text) + text.count("\n") + 2 for text in texts) + (FILE_HEADER_TOKENS if first else 0)
+
+
+def _cost(picked: Sequence[tuple[FileSymbols, dict[int, str]]], cost: Callable[[str], int]) -> int:
+    return sum(_spend([excerpt.text], cost, first=True) for excerpt in _excerpts(picked))
+
+
+def _excerpts(picked: Sequence[tuple[FileSymbols, dict[int, str]]]) -> list[Snippet]:
+    """One excerpt per file, files in the order of their first pick, entries in file order."""
+    pages: dict[str, dict[int, str]] = {}
+    files: dict[str, FileSymbols] = {}
+    for symbols, entries in picked:
+        pages.setdefault(symbols.uri, {}).update(entries)
         files[symbols.uri] = symbols
-        left -= spend
-    return [_excerpt(files[uri], page) for uri, page in shown.items()]
+    return [_excerpt(files[uri], page) for uri, page in pages.items()]
 
 
 @dataclass(frozen=True)
@@ -127,7 +170,7 @@ class Chooser:
     def choose(
         self, project: Project, uri: str, names: Sequence[str], cost: Callable[[str], int], budget: int
     ) -> list[Snippet]:
-        here = uri_path(uri)
+        here = _path(uri)
         found = frozenset(n for n in names if _definers(project, here, n) or _modules(project, here, n))
         last = self._last.get(uri)
         if (
@@ -149,18 +192,19 @@ class Chooser:
 
 def _definers(project: Project, here: str, name: str) -> list[tuple[FileSymbols, Definition]]:
     """``name``'s definitions in files other than ``here``; none where too many files define it."""
-    found = [(f, d) for f, d in project.definitions(name) if uri_path(f.uri) != here]
+    found = [(f, d) for f, d in project.definitions(name) if _path(f.uri) != here]
     return found if len({f.uri for f, _ in found}) <= MAX_DEFINERS else []
 
 
 def _modules(project: Project, here: str, name: str) -> list[FileSymbols]:
-    return [m for m in project.modules(name) if uri_path(m.uri) != here]
+    return [m for m in project.modules(name) if _path(m.uri) != here]
 
 
 def _candidates(
     project: Project, here: str, names: Iterable[str]
-) -> Iterable[tuple[FileSymbols, dict[int, str]]]:
-    """What each name would add to the prompt, best first: (file, {line: text})."""
+) -> Iterable[tuple[FileSymbols, list[dict[int, str]]]]:
+    """What each name would add to the prompt, best first: (file, [{line: text}, ...]), each
+    with the ways it can be shown, the fullest first."""
     modules: list[FileSymbols] = []
     for name in names:
         found = _definers(project, here, name)
@@ -169,22 +213,25 @@ def _candidates(
             yield symbols, _entries(symbols, definition)
         modules += _modules(project, here, name)
     for module in modules:  # what is called first, then the module's variables
-        for definition in sorted(module.top_level(), key=lambda d: d.kind == "variable"):
-            yield module, {definition.line: definition.text}
+        top_level = sorted(module.top_level(), key=lambda d: d.kind == "variable")
+        for definition in top_level[:MAX_MODULE_DEFINITIONS]:
+            yield module, [{definition.line: definition.text}]
 
 
-def _entries(symbols: FileSymbols, definition: Definition) -> dict[int, str]:
-    """The lines a definition shows: a class with its methods, a method under its class's header."""
+def _entries(symbols: FileSymbols, definition: Definition) -> list[dict[int, str]]:
+    """The lines a definition shows, the fullest first: a class with its methods, else with its
+    constructor, else alone; a method under its class's header."""
     entries = {definition.line: definition.text}
     if definition.kind == "class":
         members = [m for m in symbols.members(definition.name) if _public(m.name)][:MAX_MEMBERS]
-        entries.update((m.line, m.text) for m in members)
-    elif definition.container:
+        constructors = [m for m in members if m.name == "__init__"]
+        return [{**entries, **{m.line: m.text for m in shown}} for shown in (members, constructors, [])]
+    if definition.container:
         owners = (d for d in symbols.definitions if d.name == definition.container and not d.container)
         owner = next(owners, None)
         if owner is not None:
             entries[owner.line] = owner.text
-    return entries
+    return [entries]
 
 
 def _public(name: str) -> bool:
@@ -192,7 +239,7 @@ def _public(name: str) -> bool:
 
 
 def _shared_folders(uri: str, here: str) -> int:
-    a, b = uri_path(uri).split("/")[:-1], here.split("/")[:-1]
+    a, b = _path(uri).split("/")[:-1], here.split("/")[:-1]
     shared = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -204,3 +251,6 @@ def _shared_folders(uri: str, here: str) -> int:
 def _excerpt(symbols: FileSymbols, page: dict[int, str]) -> Snippet:
     lines = sorted(page)
     return Snippet(symbols.uri, lines[0], "\n".join(page[line] for line in lines), 1.0, "definition")
+
+
+_path = functools.lru_cache(maxsize=1 << 16)(uri_path)  # a URI's path, parsed once
