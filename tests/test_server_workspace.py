@@ -183,9 +183,16 @@ async def test_on_the_real_model_workspace_drafts_are_verified_and_change_nothin
     answers, drafts = [], []
     for mb in (8, 0):
         client, _, _ = await start_in(
-            # The draft head off: it competes for the same steps, and this is about the corpus's drafts.
+            # The draft head off: it competes for the same steps, and this is about the corpus's
+            # drafts. Cross-file context off: the index's definitions would change the prompt
+            # (what they do as shipped: ``test_on_the_real_model_a_function_from_another_file...``).
             project,
-            options={"workspaceIndexMb": mb, "timeBudgetMs": 60000, "draftHead": "none"},
+            options={
+                "workspaceIndexMb": mb,
+                "timeBudgetMs": 60000,
+                "draftHead": "none",
+                "crossFileContext": False,
+            },
             model=h.DEFAULT,
         )
         try:
