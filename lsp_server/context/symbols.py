@@ -95,7 +95,7 @@ _PATTERNS["cpp"] = (
     *_PATTERNS["c"],
     ("class", "(class_specifier name: (type_identifier) @name body: (_)) @def"),
 )
-_CLASS_TYPES = frozenset({"class_definition", "class_declaration", "class_body", "class_specifier"})
+_CLASS_TYPES = frozenset({"class_definition", "class_declaration", "class_specifier"})
 _FUNCTION_TYPES = frozenset(
     {"function_definition", "function_declaration", "method_definition", "function_item", "arrow_function"}
 )
@@ -152,12 +152,6 @@ class SymbolTable:
 
     def __len__(self) -> int:
         return sum(len(f.definitions) for f in self.files.values())
-
-    def with_files(self, files: Iterable[FileSymbols]) -> SymbolTable:
-        """This table with ``files`` added or replacing those of the same URI."""
-        merged = dict(self.files)
-        merged.update((f.uri, f) for f in files)
-        return SymbolTable.of(merged.values())
 
     def definitions(self, name: str) -> list[tuple[FileSymbols, Definition]]:
         return [(self.files[uri], self.files[uri].definitions[i]) for uri, i in self.by_name.get(name, ())]
@@ -230,7 +224,7 @@ def _definition(kind: Kind, node: Any, name: Any, source: bytes, language: str) 
     while parent is not None:
         if parent.type in _FUNCTION_TYPES:
             return None
-        if parent.type in _CLASS_TYPES and parent.type != "class_body":
+        if parent.type in _CLASS_TYPES:
             class_name = parent.child_by_field_name("name")
             container = _text(source, class_name) if class_name is not None else ""
             break
