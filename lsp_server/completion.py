@@ -1,6 +1,6 @@
 """A completion request as one pipeline, from a position to an item.
 
-    snapshot (event loop) -> prompt (worker: the runtime's tokenizer) -> decode (``Runtime``)
+    snapshot (event loop) -> prompt (worker: the runtime's tokenizer) -> decode (``EngineRuntime``)
     -> finish (post-processing) -> item
 
 Each fact about a request is worked out once, on the event loop, into a ``Request`` that the
@@ -10,7 +10,8 @@ key its answer is remembered by. The handlers in ``server.py`` only translate LS
 Two checks answer without decoding, both in the same way: an identical request answered before
 (greedy decoding would say the same again) and a cursor in the middle of a word. Each supersedes
 what was running for the document, as a new decode would. When the worker falls idle after an
-answer it works ahead (draft sources, prefetch). Per-document state lives in the owners that a
+answer it works ahead (draft sources, prefetch, the workspace index): ``idle.py``'s ``IdleWork``,
+which the service tells what happened. Per-document state lives in the owners that a
 ``DocumentRegistry`` forgets together.
 """
 
@@ -21,7 +22,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,12 @@ from lsp_server.context import ContextBuilder, ContextRequest, EditRing, OpenDoc
 from lsp_server.context.builder import Shown
 from lsp_server.context.languages import LanguageSpec
 from lsp_server.documents import Cursor, PositionError, locate
-from lsp_server.ending import Ending
+from lsp_server.idle import IdleWork
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
 from lsp_server.postprocess import Situation
 from lsp_server.reuse import Key, SuggestionMemory
 from lsp_server.scheduler import Outcome, Scheduler
-from lsp_server.sources import DocumentSnapshot
 from lsp_server.stats import ServerStats
 from lsp_server.workspace import WorkspaceIndex
 
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACCEPTED_COMMAND = "lsp_server.accepted"  # run by the client when the user accepts an item
-IDLE_BEFORE_BACKGROUND_S = 0.15  # a typist's next key usually comes sooner: don't start work to drop
-IDLE_BEFORE_INDEXING_S = 0.5  # the workspace index waits for a real pause, after any prefetch
 _WORD_CHAR = re.compile(r"\w")
 
 
@@ -125,18 +123,15 @@ class CompletionService:
         self.registry = DocumentRegistry()
         self.registry.owner(self.memory.forget)
         self.registry.owner(host.forget)
-        self.registry.owner(self.context.forget, worker=True)
-        self.registry.owner(host.forget_on_worker, worker=True)
-        self._requests_seen = 0  # background work starts only if no request came in meanwhile
-        self._background: asyncio.Task | None = None
-        self._background_uri: str | None = None
-        self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
         self.workspace = WorkspaceIndex()
+        self.idle = IdleWork(
+            host, scheduler, stats, self.registry, self.context, self.workspace, settings, documents
+        )
+        self.registry.owner(self.context.forget, worker=True)
+        self.registry.owner(self.idle.sources.forget, worker=True)
+        self.registry.owner(host.forget_on_worker, worker=True)
+        self._forgetting: set[asyncio.Future] = set()  # worker jobs that free a closed document's state
         self.edits = EditRing()  # recently edited regions, for other documents' prompts
-        self._indexing: asyncio.Task | None = None
-        # Told (with the document) when a decode a budget cut short has finished as idle work:
-        # the server then has the editors ask again (``lifecycle.ask_again``).
-        self.on_warmed: Callable[[str], None] | None = None
 
     async def complete(
         self, kind: str, uri: str, document: TextDocument | None, position: types.Position, *, invoked: bool
@@ -144,7 +139,7 @@ class CompletionService:
         """Answer one request; every path counts exactly one answer (or re-raises after counting)."""
         started = time.monotonic()
         self.stats.requests += 1
-        self._requests_seen += 1
+        self.idle.request_came()
         try:
             completion, note = await self._complete(kind, uri, document, position, invoked)
         except asyncio.CancelledError:
@@ -165,9 +160,7 @@ class CompletionService:
         """The document was closed: nothing it held is kept, even if a decode for it is running."""
         for kind in ("inline", "completion"):  # nobody wants a completion for a closed document
             self.scheduler.supersede(f"{kind}:{uri}")
-        if self._background_uri == uri and self._background is not None:
-            self._background.cancel()  # its prefetch is for this document
-            self.scheduler.preempt_background()
+        self.idle.forget(uri)
         self.registry.forget(uri)
         # The worker's owners are told before its next job; this one frees memory if none comes.
         job = asyncio.ensure_future(
@@ -303,7 +296,7 @@ class CompletionService:
         """Answer without decoding; whatever ran for the document is stale now."""
         self.scheduler.supersede(request.key)
         self._remember(request, text, request.memory_key)
-        self._after_answer(request.uri, request.settings)
+        self.idle.after_answer(request.uri, request.settings)
         return self._completion(text, request), note
 
     def _decode(
@@ -389,25 +382,15 @@ class CompletionService:
             self._remember(request, shown, None)  # on screen (typing along it), not a repeat's answer
         if outcome.status != "done":
             return
-        if self._cut_in_prefill(outcome, request):
-            self._warm_up(request)
+        ending = request.situation.ending
+        if (
+            outcome.budget_exhausted
+            and decoded is not None
+            and self.idle.cut_in_prefill(decoded.result, request.settings)
+        ):
+            self.idle.warm_up(request.uri, request.settings, request.context, ending)
         else:
-            self._after_answer(request.uri, request.settings, request.situation.ending if partial else None)
-
-    def _cut_in_prefill(self, outcome: Outcome[Decoded | None], request: Request) -> bool:
-        """Whether the time budget ran out before the decode's first token (a cold prefill) on
-        the local engine, whose KV cache keeps what was prefilled for the rest to go on from."""
-        decoded = outcome.value
-        if not outcome.budget_exhausted or decoded is None or self.host.local is None:
-            return False
-        result, settings = decoded.result, request.settings
-        return (
-            result.stop_reason == "cancelled"
-            and result.stats.target_passes == 0
-            and result.stats.known_tokens == 0
-            and settings.kv_cache_mb > 0
-            and settings.decoder == "speculative"
-        )
+            self.idle.after_answer(request.uri, request.settings, ending if partial else None)
 
     def _key_after(self, request: Request, decoded: Decoded) -> Key | None:
         """The key an identical request will have after this decode: the prompt builder's state
@@ -434,109 +417,10 @@ class CompletionService:
         cursor = request.cursor
         return Completion(text, types.Range(cursor.start_position(), cursor.line_end_position()), request.uri)
 
-    # -- idle-time work ------------------------------------------------------------------------------
-    def _plan(self, uri: str, work: Coroutine[Any, Any, None]) -> None:
-        """Make ``work`` the idle-time work: for the latest answer only, earlier plans are stale."""
-        if self._background is not None:
-            self._background.cancel()
-        self._background_uri = uri
-        self._background = asyncio.ensure_future(work)
-
-    def _after_answer(self, uri: str, settings: Settings, rest: Ending | None = None) -> None:
-        """Work ahead after an answer; ``rest``: the ending of a block answered early, whose rest
-        is decoded at once (the user is reading its first lines), not after a pause."""
-        self._plan(uri, self._work_ahead(uri, settings, self._requests_seen, rest))
-        if self.workspace.pending:  # e.g. the drafter setting changed: a new drafter, no index yet
-            self.index_workspace()
-
-    async def _work_ahead(self, uri: str, settings: Settings, seen: int, rest: Ending | None) -> None:
-        if rest is None:
-            await asyncio.sleep(IDLE_BEFORE_BACKGROUND_S)
-        if self._requests_seen != seen or not self.host.ready:
-            return  # the user typed on: the next answer will bring us back here
-        documents = {u: DocumentSnapshot(d.version, d.source) for u, d in self._documents().items()}
-        outcome = await self.scheduler.run_background(
-            functools.partial(self._ahead, settings, documents, uri, rest)
-        )
-        if outcome.value is not None:  # kept apart from the request decodes' counters
-            self.stats.record_prefetch(outcome.value)
-            self.stats.prefetch["rests"] += int(rest is not None)
-        elif outcome.status == "superseded":
-            self.stats.prefetch["preempted"] += 1
-
-    def _ahead(
-        self,
-        settings: Settings,
-        documents: dict[str, DocumentSnapshot],
-        uri: str,
-        rest: Ending | None,
-        should_stop: Callable[[], bool],
-    ) -> GenerationResult | None:
-        self.registry.forget_on_worker()
-        return self.host.background(settings, documents, uri, should_stop, rest)
-
-    def _warm_up(self, request: Request) -> None:
-        """The budget ran out in the prefill: go on with the decode as idle work (any request
-        pre-empts it), so that the user who paused gets a suggestion without typing again."""
-        self._plan(request.uri, self._warm(request))
-
-    async def _warm(self, request: Request) -> None:
-        outcome = await self.scheduler.run_background(functools.partial(self._warm_job, request))
-        result = outcome.value
-        if result is not None:
-            self.stats.record_prefetch(result)
-        elif outcome.status == "superseded":
-            self.stats.prefetch["preempted"] += 1
-        if outcome.status != "done" or result is None or result.stop_reason == "cancelled":
-            return  # pre-empted: the request that did it has the cache as far as it got
-        self.stats.prefetch["warmed"] += 1
-        if self.on_warmed is not None:
-            self.on_warmed(request.uri)  # the editors ask only when the user types: ask them now
-
-    def _warm_job(self, request: Request, should_stop: Callable[[], bool]) -> GenerationResult | None:
-        """On the worker: the request's decode with no budget, its first answer due at once (a
-        block's first whole line is enough for the editor's next request to go on from)."""
-        self.registry.forget_on_worker()
-        runtime = self.host.local
-        if runtime is None:
-            return None
-        prompt = runtime.prompt(self.context, request.context, None)
-        ending = request.situation.ending
-        return runtime.generate(
-            prompt, request.settings, ending, should_stop, cache_key=request.uri, answer_by=time.monotonic()
-        )
-
-    def index_workspace(self) -> None:
-        """Bring the workspace index up to date when the worker is idle (files changed, a model
-        loaded); one such task at a time."""
-        if self._indexing is None or self._indexing.done():
-            self._indexing = asyncio.ensure_future(self._index_when_idle())
-
-    async def _index_when_idle(self) -> None:
-        while self.workspace.pending and self.host.local is not None:
-            seen = self._requests_seen
-            await asyncio.sleep(IDLE_BEFORE_INDEXING_S)
-            if self._requests_seen != seen:
-                continue  # the user is typing: try again at the next pause
-            outcome = await self.scheduler.run_background(self._index_step)
-            if outcome.status in ("cancelled", "failed") or (
-                outcome.status == "done" and outcome.value is None
-            ):
-                return  # the server is stopping, a bug (logged), or no n-gram drafter to index for
-
-    def _index_step(self, should_stop: Callable[[], bool]) -> bool | None:
-        self.registry.forget_on_worker()
-        runtime, settings = self.host.local, self._settings()
-        if runtime is None or settings.decoder != "speculative":
-            return None
-        runtime.drafter_for(settings.drafter)  # the drafter requests will use, built if new
-        ngram = runtime.ngram_source()
-        return None if ngram is None else self.workspace.sync(ngram, runtime.engine.encode, should_stop)
-
     def accepted(self, uri: str, text: str) -> None:
         """The client ran the accepted-item command."""
         self.stats.reuse["accepted"] += 1
-        self.host.sources.accepted(text)
+        self.idle.accepted(text)
 
     def _answered(
         self, kind: str, uri: str, position: types.Position, started: float, note: str, *, empty: bool

@@ -1,9 +1,9 @@
 """What the request pipeline needs from whatever decodes: the engine-runtime interface.
 
-Two implementations: the local torch engine (``model_host.Runtime``) and an inference server
-(``remote.runtime.RemoteRuntime``). ``completion.py`` holds one runtime from a request's prompt to
-its answer and knows nothing else about it, so switching ``endpoint`` swaps the whole runtime
-(like a model reload) and a request in flight finishes on the one it started with.
+Two implementations: the local torch engine (``local.runtime.LocalRuntime``) and an inference
+server (``remote.runtime.RemoteRuntime``). ``completion.py`` holds one runtime from a request's
+prompt to its answer and knows nothing else about it, so switching ``endpoint`` swaps the whole
+runtime (like a model reload) and a request in flight finishes on the one it started with.
 
 Why the runtime builds the prompt (``prompt``) rather than only lending its tokenizer: a remote
 tokenizer is a round trip per call, may be missing (then budgets are counted in characters and the

@@ -1,8 +1,8 @@
 """The LSP handlers. Each one translates between LSP types and the modules that do the work.
 
 Document sync (open, incremental change, close) and position-encoding negotiation are pygls'
-built-ins; completion logic is in ``completion.py``, model loading in ``lifecycle.py`` and
-``model_host.py``, settings rules in ``config.py``.
+built-ins; completion logic is in ``completion.py`` (idle-time work in ``idle.py``), model loading in
+``lifecycle.py``, ``model_host.py`` and ``local/``, settings rules in ``config.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from lsp_server import __version__, lifecycle
 from lsp_server.completion import ACCEPTED_COMMAND, Completion, CompletionService
 from lsp_server.config import SECTION, Layered, Settings, layer
 from lsp_server.documents import open_document
-from lsp_server.model_host import ModelHost, import_decoding
+from lsp_server.local.loading import import_decoding
+from lsp_server.model_host import ModelHost
 from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats, process_memory
@@ -65,7 +66,7 @@ class CompletionServer(LanguageServer):
         self.exit_code: int | None = None
         self._load_task: asyncio.Task | None = None
         self._asking: set[asyncio.Future] = set()  # telling the editors to ask again
-        self.service.on_warmed = self.ask_again
+        self.service.idle.on_warmed = self.ask_again
         self.watching: asyncio.Future | None = None  # asking the client to watch the workspace's files
         self._stopped = False
 
@@ -103,7 +104,7 @@ class CompletionServer(LanguageServer):
         self.service.memory.clear()  # answers of the previous model must not be replayed
         self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.host, self.settings))
         # A new model has a new drafter and maybe a new tokenizer: the workspace is indexed anew.
-        self._load_task.add_done_callback(lambda _: self._stopped or self.service.index_workspace())
+        self._load_task.add_done_callback(lambda _: self._stopped or self.service.idle.index_workspace())
 
     def ask_again(self, uri: str) -> None:
         """A suggestion for ``uri`` that a request's budget cut short is ready: the editors ask
@@ -138,7 +139,7 @@ class CompletionServer(LanguageServer):
             if task.exception() is not None:
                 log.error("reading the workspace failed: %s", task.exception())
                 return
-            self.service.index_workspace()
+            self.service.idle.index_workspace()
 
         task.add_done_callback(done)
 
@@ -266,14 +267,14 @@ def _session_features(server: CompletionServer) -> None:
     @server.feature(STATS_METHOD)
     def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:
         snapshot = ls.stats.snapshot()
-        snapshot["prefetch"]["running"] = ls.host.prefetching
+        snapshot["prefetch"]["running"] = ls.service.idle.prefetching
         return {
             **snapshot,
             "model": ls.host.state.to_dict(),
             "settings": ls.settings.to_lsp(),
             "kv_cache": ls.host.cache_snapshot(),
             "endpoint": ls.host.endpoint_snapshot(),
-            "draft_sources": ls.host.sources.snapshot(),
+            "draft_sources": ls.service.idle.sources.snapshot(),
             "workspace_index": ls.service.workspace.snapshot(),
             "process": process_memory(),
             "position_encoding": _value(ls.workspace.position_encoding),

@@ -45,7 +45,7 @@ class Service:
         self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings)
         self.uri, self.text = uri, text
         self.warmed: asyncio.Queue[str] = asyncio.Queue()
-        self.service.on_warmed = self.warmed.put_nowait
+        self.service.idle.on_warmed = self.warmed.put_nowait
 
     async def ask(self, offset: int | None = None, uri: str | None = None) -> str | None:
         offset = len(self.text) if offset is None else offset
@@ -246,4 +246,4 @@ async def test_the_editors_are_asked_again_as_when_a_load_ends():
 
 def test_the_server_asks_the_editors_again_when_a_cut_short_decode_is_done():
     server = create_server(config.from_cli())
-    assert server.service.on_warmed == server.ask_again
+    assert server.service.idle.on_warmed == server.ask_again

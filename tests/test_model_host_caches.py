@@ -1,7 +1,7 @@
 """``kvCacheMb`` bounds both models' per-document KV caches together, and follows its changes.
 
 The runtime is assembled by the server's own code (``assemble_runtime``) over tiny in-memory
-models, and decodes through ``Runtime.generate`` as a request does.
+models, and decodes through ``LocalRuntime.generate`` as a request does.
 """
 
 from __future__ import annotations
@@ -13,30 +13,31 @@ import pytest
 from lsp_server.config import Settings
 from lsp_server.context import Prompt
 from lsp_server.ending import Ending
-from lsp_server.model_host import MB, Runtime, assemble_runtime, kv_share
+from lsp_server.local.loading import assemble_runtime, kv_share
+from lsp_server.local.runtime import MB, LocalRuntime
 from tests.tiny_models import loaded, tiny_model
 
 PROMPT = tuple(range(1, 60))  # within the tiny tokenizer, with no line end (one line is decoded)
 
 
-def runtime_with_draft(kv_cache_mb: int) -> Runtime:
+def runtime_with_draft(kv_cache_mb: int) -> LocalRuntime:
     settings = Settings(drafter="model", kv_cache_mb=kv_cache_mb, draft_head="none")
     target = loaded(tiny_model(41, layers=4, hidden=64))
     draft = loaded(tiny_model(42, layers=1))
     return assemble_runtime(settings, target, draft)
 
 
-def decode(runtime: Runtime, settings: Settings, document: str) -> None:
+def decode(runtime: LocalRuntime, settings: Settings, document: str) -> None:
     prompt = Prompt(text="", ids=PROMPT + (hash(document) % 60,))
     runtime.generate(prompt, settings, Ending(), lambda: False, cache_key=document)
 
 
-def budgets(runtime: Runtime) -> tuple[int, int]:
+def budgets(runtime: LocalRuntime) -> tuple[int, int]:
     """(the target's, the draft model's) per-document cache budgets in bytes."""
     return runtime.engine.prefix_cache.budget_bytes, draft_drafter(runtime).sessions.budget_bytes
 
 
-def draft_drafter(runtime: Runtime):
+def draft_drafter(runtime: LocalRuntime):
     """The ``ModelDrafter``: the drafter itself, or ``auto``'s draft model."""
     return getattr(runtime.drafter, "model", runtime.drafter)
 

@@ -129,7 +129,7 @@ def test_a_server_on_the_default_model_does_not_import_transformers(default_mode
     code = (
         "import sys\n"
         "from lsp_server.config import Settings\n"
-        "from lsp_server.model_host import load_runtime\n"
+        "from lsp_server.local.loading import load_runtime\n"
         "runtime = load_runtime(Settings())\n"
         "runtime.generate\n"
         "print(type(runtime.engine.target.tokenizer).__name__, 'transformers' in sys.modules)\n"
