@@ -17,24 +17,24 @@ gets the whole lines decoded so far, and the cache keeps the rest of what was de
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
-from decoding.healing import HealingIndex, PrefixConstraint
+from decoding.healing import Healing, HealingIndex, PrefixConstraint, asked_fits, chain_fits
 from decoding.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.models import LoadedModel
 from decoding.pacing import PREFILL_PASS_MS, PrefillPace
 from decoding.results import DrafterStats, GenerationResult, GenerationStats
+from decoding.stops import Cut, cut_at_stop, whole_lines
 from decoding.verify import (
     Acceptance,
     SamplingParams,
@@ -87,116 +87,6 @@ class GenerationConfig:
     @property
     def stops(self) -> tuple[str, ...]:
         return tuple(s for s in self.stop_strings if s) + (("\n",) if self.stop_at_newline else ())
-
-
-def _covered(text: str, prefix: str) -> int:
-    """How many leading characters of ``text`` belong to the required prefix: all of it once
-    generated, else the part generated so far (the text is still inside the prefix)."""
-    if not prefix:
-        return 0
-    if text.startswith(prefix):
-        return len(prefix)
-    return min(len(prefix), len(text))  # still inside it (or a tokenizer that normalizes text)
-
-
-class Healing:
-    """Token healing as a constraint the loop consults: while the required text is owed, only
-    tokens that continue it may be chosen.
-
-    Under greedy decoding drafts still run while text is owed (the keystroke replay asks with a
-    healed word at most keystrokes, and a draft riding on the prefill was lost to every one of
-    them): a draft is cut before its first token the constraint would refuse (greedy acceptance
-    rejects it anyway), and each row of the verify pass is masked for the constraint as it stands
-    after the draft tokens before that row, so what is accepted is what one masked step at a
-    time would choose. A sampled draft keeps off owed text: cutting it where its tokens are
-    refused would change the distribution the target's tokens are drawn from.
-
-    ``deviated`` is the last generated index where the constraint overrode the target's unmasked
-    greedy choice: tokens up to there are not the target's own chain and must never be served as
-    one. The index tensors of allowed tokens are cached per remaining text (the token after a
-    healed space allows most of the vocabulary).
-    """
-
-    def __init__(self, constraint: PrefixConstraint, masks: dict[bytes, torch.Tensor]) -> None:
-        self.constraint = constraint
-        self.deviated = -1
-        self._masks = masks
-
-    @property
-    def active(self) -> bool:
-        return self.constraint.active
-
-    @property
-    def failed(self) -> bool:
-        return self.constraint.failed
-
-    def allowed_draft(self, draft: Draft) -> Draft:
-        """``draft`` (greedy) cut before its first token the constraint refuses, or after which
-        it would allow nothing (healing fails there, which only row 0 of a pass reports)."""
-        kept = self.constraint.allowed_length(draft.tokens, stuck_ends=True)
-        return draft if kept == len(draft) else replace(draft, tokens=draft.tokens[:kept], probs=None)
-
-    def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
-        """What the constraint allows after ``tokens`` (allowed ones): the text still owed (a key
-        for caches) and the sorted token ids; None once the text is written."""
-        probe = copy.copy(self.constraint)
-        for token in tokens:
-            probe.advance(token)
-        return (probe.key, probe.allowed()) if probe.active else None
-
-    def masks(self, draft: Sequence[int], device: torch.device) -> list[torch.Tensor]:
-        """For the rows of a pass over the newest token and ``draft`` (a row per draft token and
-        one more): the ids allowed at each row while the text is owed after the draft tokens
-        before it. The list ends at the first row where the text is paid or nothing is allowed
-        (an empty list while the text is owed: nothing can continue it)."""
-        probe = copy.copy(self.constraint)
-        out: list[torch.Tensor] = []
-        for row in range(len(draft) + 1):
-            if not probe.active:
-                break
-            index = self._allowed(probe, device)
-            if index is None:
-                break
-            out.append(index)
-            if row < len(draft):
-                probe.advance(draft[row])
-        return out
-
-    def constrain(
-        self, logits: torch.Tensor, masks: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """``logits`` (a row per draft token and one more) with each row masked by ``masks``
-        (``masks`` for the same draft), and those rows' unmasked argmax (the rows after the text
-        is paid are left alone). Nothing allowed at row 0: marked failed, left unmasked."""
-        if not masks and self.constraint.active:
-            self.constraint.failed = True
-        masked, unmasked = logits.clone(), []
-        for row, index in enumerate(masks):
-            unmasked.append(int(logits[row].argmax()))
-            masked[row] = float("-inf")
-            masked[row, index] = logits[row, index]
-        return masked, unmasked
-
-    def _allowed(self, probe: PrefixConstraint, device: torch.device) -> torch.Tensor | None:
-        index = self._masks.get(probe.key)
-        if index is None or index.device != device:
-            allowed = probe.allowed()
-            if not allowed:
-                return None
-            index = torch.tensor(allowed, dtype=torch.long, device=device)
-            if len(self._masks) > 64:
-                self._masks.clear()
-            self._masks[probe.key] = index
-        return index
-
-    def chose(self, position: int, token: int, unmasked: int | None) -> None:
-        """``token`` was generated at ``position`` where the unmasked greedy choice was ``unmasked``."""
-        if unmasked is not None and token != unmasked:
-            self.deviated = position
-
-    def advance(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            self.constraint.advance(token)
 
 
 @dataclass
@@ -370,112 +260,35 @@ class SpeculativeEngine:
             end = total
         return end
 
-    def _known_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
-        """Whether a known greedy continuation of ``prompt`` (if the cache has one) is also what
-        healed decoding would choose: it is, exactly when each of its tokens spent while the
-        required text is owed is an allowed one (the masked argmax of a set that holds the
-        unmasked argmax is that argmax)."""
+    def _reuse_fits(self, cache_key: str | None, prompt: list[int], required: str) -> tuple[bool, bool]:
+        """Whether the cache's known greedy continuation of ``prompt``, and the tokens its last
+        request at this prompt was answered with, are what healing ``required`` would choose now
+        (``healing.chain_fits``, ``healing.asked_fits``)."""
         if not required or cache_key is None or self.prefix_cache is None:
-            return True
-        peek = self.prefix_cache.chain(cache_key)
-        if (
-            peek is None
-            or peek.greedy_from is None
-            or len(peek.tokens) <= len(prompt)
-            or peek.tokens[: len(prompt)] != prompt
-        ):
-            return True  # no known continuation will be offered
-        return self._allowed_while_owed(peek.tokens[len(prompt) :], required)
+            return True, False
+        chain = self.prefix_cache.chain(cache_key)
+        known = chain_fits(self.healing_index, chain, prompt, required)
+        return known, known and asked_fits(chain, prompt, required)
 
-    def _asked_fits(self, cache_key: str | None, prompt: list[int], required: str) -> bool:
-        """Whether the tokens the last request at this very prompt was answered with (healed,
-        so not on the greedy chain) are what healing ``required`` would choose now. That is the
-        user typing on inside the healed word (at ``self.le`` the prompt ends at ``self`` and owes
-        ``.le``; at ``self.lev`` it is the same prompt owing ``.lev``): where ``required`` extends
-        the text that request owed, each set of tokens it allows is within the set that request's
-        choice was the best of, so where that choice is allowed it is the best of this set too.
-        In the keystroke replay a third of all target passes went to decoding such prompts again.
-        Asked only where ``_known_fits`` held: it has checked these very tokens against
-        ``required`` (the same peek, past the same prompt)."""
-        if not required or cache_key is None or self.prefix_cache is None:
-            return False
-        peek = self.prefix_cache.chain(cache_key)
-        if peek is None or peek.asked is None or peek.greedy_from is None:
-            return False
-        asked = peek.asked
-        return (
-            asked.prompt_tokens == len(prompt) < len(peek.tokens)
-            and required.startswith(asked.owed)
-            and peek.tokens[: len(prompt)] == prompt
-        )
-
-    def _allowed_while_owed(self, tokens: Sequence[int], required: str) -> bool:
-        """Whether each of ``tokens`` spent while ``required`` is owed is an allowed one."""
-        return PrefixConstraint(self.healing_index, required).allowed_length(tokens) == len(tokens)
-
-    def cut_at_stop(
-        self,
-        generated: list[int],
-        stops: tuple[str, ...],
-        eos: set[int],
-        max_new: int,
-        prefix: str = "",
-        stop_when: Callable[[str], int | None] | None = None,
-    ) -> tuple[list[int], str, str | None, int]:
-        """Apply EOS, the token limit and stop strings to the tokens generated so far.
-
-        Returns the tokens to keep, their text (after ``prefix``, the required text of a healed
-        prompt: stops are looked for only after it), why generation stopped (None: go on) and how
-        many generated tokens that decision consumed (the kept ones plus the stopping token).
-        """
-        reason = None
-        for i, token in enumerate(generated):
-            if token in eos:
-                generated, reason = generated[:i], "eos"
-                break
-        consumed = len(generated) + (reason == "eos")
-        if len(generated) >= max_new:
-            generated, reason, consumed = generated[:max_new], reason or "max_tokens", min(consumed, max_new)
-        full = self.decode(generated)
-        skip = _covered(full, prefix)
-        text = full[skip:]
-
-        def cut_of(body: str) -> int:
-            found = [pos for pos in (body.find(s) for s in stops) if pos >= 0]
-            custom = stop_when(body) if stop_when is not None and body else None
-            if custom is not None:
-                found.append(max(0, min(custom, len(body))))
-            return min(found, default=-1)
-
-        cut = cut_of(text)
-        if cut < 0:
-            return generated, text, reason, consumed
-        keep = self._tokens_before(generated, skip + cut)
-        seen = keep + 1  # the first prefix whose text already contains a stop
-        while seen < len(generated) and cut_of(self.decode(generated[:seen])[skip:]) < 0:
-            seen += 1
-        return generated[:keep], text[:cut], "stop", seen
-
-    def _tokens_before(self, generated: list[int], chars: int) -> int:
-        """How many leading ``generated`` tokens have their text within its first ``chars``."""
-        keep = 0
-        while keep < len(generated) and len(self.decode(generated[: keep + 1])) <= chars:
-            keep += 1
-        return keep
-
-    def _whole_lines(self, run: Run, text: str) -> tuple[list[int], str] | None:
-        """The answer of a generation whose answer is due (``GenerationConfig.answer_due``): its
-        text up to the last line end and the tokens within it. None while it is not due, or while
-        no whole line with something on it is ready (then decoding goes on until one is).
-
-        Only called while no stop has cut ``text``: it is all the generated text after the
-        required prefix, so the prefix's length is what the full text has more."""
+    def _answer_now(self, run: Run, text: str) -> tuple[list[int], str] | None:
+        """The whole lines decoded so far, once an answer is due (``GenerationConfig.answer_due``)."""
         due = run.config.answer_due
-        end = text.rfind("\n")
-        if due is None or end < 0 or not text[:end].strip() or not due():
-            return None
-        skip = len(self.decode(run.generated)) - len(text)
-        return run.generated[: self._tokens_before(run.generated, skip + end)], text[:end]
+        return None if due is None else whole_lines(self.decode, run.generated, text, due)
+
+    def _cut(self, run: Run) -> Cut:
+        """``stops.cut_at_stop`` for this run; a healing that found no way on ends it empty."""
+        if run.healing is not None and run.healing.failed:
+            return Cut([], "", "stop", len(run.generated))
+        config = run.config
+        return cut_at_stop(
+            self.decode,
+            run.generated,
+            config.stops,
+            run.eos,
+            config.max_new_tokens,
+            config.required_prefix,
+            config.stop_when,
+        )
 
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -501,7 +314,7 @@ class SpeculativeEngine:
             if is_cancelled(cancel):
                 reason = "cancelled"
                 break
-            early = self._whole_lines(run, text)
+            early = self._answer_now(run, text)
             if early is not None:
                 (kept, text), reason, consumed = early, "partial", len(run.generated)
                 break
@@ -540,8 +353,7 @@ class SpeculativeEngine:
         cancelled during the prefill."""
         started = time.perf_counter()
         config = run.config
-        continuation = self._known_fits(cache_key, run.prompt, config.required_prefix)
-        asked = continuation and self._asked_fits(cache_key, run.prompt, config.required_prefix)
+        continuation, asked = self._reuse_fits(cache_key, run.prompt, config.required_prefix)
         if run.drafter is not None:
             run.drafter.begin(run.prompt, run.sampling, run.generator, session=cache_key)
         # The prefill carries a draft (not a sampled one while healing owes text: ``Healing``).
@@ -616,7 +428,7 @@ class SpeculativeEngine:
         started = time.perf_counter()
         run.drafter.attach(cache)
         healing = run.healing if run.healing is not None and run.healing.active else None
-        run.drafter.steer(healing.allowed_after if healing is not None else None)
+        run.drafter.steer(healing)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
         if healing is not None:
             draft = healing.allowed_draft(draft)
@@ -644,21 +456,6 @@ class SpeculativeEngine:
             per.accepted += verdict.accepted
             run.drafter.observe(draft, verdict.accepted)
         return verdict
-
-    def _cut(self, run: Run) -> tuple[list[int], str, str | None, int]:
-        """``cut_at_stop`` for this run; a healing that found no way on ends it empty."""
-        config = run.config
-        kept, text, reason, consumed = self.cut_at_stop(
-            run.generated,
-            config.stops,
-            run.eos,
-            config.max_new_tokens,
-            config.required_prefix,
-            config.stop_when,
-        )
-        if run.healing is not None and run.healing.failed:
-            return [], "", "stop", len(run.generated)
-        return kept, text, reason, consumed
 
     def _keep(self, run: Run, borrowed: Borrowed, cache_key: str | None) -> None:
         """Give the cache back to the prefix store with the greedy chain it now holds."""

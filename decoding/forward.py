@@ -12,9 +12,18 @@ backend is one more implementation of ``ModelPass``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+
+@runtime_checkable
+class HiddenStates(Protocol):
+    """A cache that keeps each fed position's final hidden state (the lean forwards' caches), which
+    a draft head reads; transformers' caches keep none."""
+
+    hidden: torch.Tensor  # (capacity, dim): rows up to ``length`` are the fed positions'
+    length: int
 
 
 class ModelPass(Protocol):
@@ -24,6 +33,9 @@ class ModelPass(Protocol):
     # Which draft head fits this forward (``decoding.llama.LlamaForward.fingerprint``); None where
     # its cache keeps no hidden states for a head to read.
     fingerprint: str | None
+    # The most positions one cache holds, where the forward sets a limit of its own (a graphed
+    # cache's fixed size); None: the model's context.
+    max_context: int | None
 
     def new_cache(self) -> Any:
         """An empty cache for this model (``crop`` and ``get_seq_length`` as above)."""
@@ -56,6 +68,7 @@ class TransformersPass:
 
     cost_prior = None  # fp32 CPU and accelerators: the device defaults in drafters/length.py
     fingerprint = None  # transformers' caches keep no hidden states for a draft head
+    max_context = None
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

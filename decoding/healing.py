@@ -9,12 +9,15 @@ and answers an empty line after indentation). Healing removes the last token(s) 
 and constrains the first generated token(s) to be consistent with the removed text, so the model
 picks the tokenization itself (``dict``, ``"\\n   " + " return"``).
 
-Everything here is pure and works on bytes: a token's bytes are what it contributes to the
+The index and the constraint are pure and work on bytes: a token's bytes are what it contributes to the
 decoded text, which keeps multi-byte characters split across tokens exact. The table of every
 token's bytes is built once per tokenizer (49k entries for SmolLM2, 262k for Gemma 3), not per
 request; ``HealingIndex`` answers "which tokens may come next" from it in time proportional to
 the answer, with a small cache because the same remaining texts (a space, a newline with
-indentation) come up again and again.
+indentation) come up again and again. ``Healing`` is the constraint as the decoding loop
+consults it: masks for a verify pass's rows, drafts cut where it refuses them, and where it
+overrode the target's own choice; ``chain_fits`` and ``asked_fits`` tell when a cached
+continuation is what healed decoding would choose.
 """
 
 from __future__ import annotations
@@ -24,9 +27,15 @@ import copy
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the prompt builder backs prompts up here on a remote server too: no torch
+    import torch
+
+    from decoding.drafters.base import Draft
+    from decoding.kv_cache import Chain
 
 MAX_BACKUP_TOKENS = 3  # only to step over a character split between tokens
 BLANK = (b" ", b"\t", b"\n", b"\r")
@@ -291,3 +300,145 @@ def back_up(
                 break
             return BackedUp(ids[:-k], removed)
     return BackedUp(ids, "")
+
+
+class Healing:
+    """Token healing as a constraint the loop consults: while the required text is owed, only
+    tokens that continue it may be chosen.
+
+    Under greedy decoding drafts still run while text is owed (the keystroke replay asks with a
+    healed word at most keystrokes, and a draft riding on the prefill was lost to every one of
+    them): a draft is cut before its first token the constraint would refuse (greedy acceptance
+    rejects it anyway), and each row of the verify pass is masked for the constraint as it stands
+    after the draft tokens before that row, so what is accepted is what one masked step at a
+    time would choose. A sampled draft keeps off owed text: cutting it where its tokens are
+    refused would change the distribution the target's tokens are drawn from.
+
+    ``deviated`` is the last generated index where the constraint overrode the target's unmasked
+    greedy choice: tokens up to there are not the target's own chain and must never be served as
+    one. The index tensors of allowed tokens are cached per remaining text (the token after a
+    healed space allows most of the vocabulary).
+    """
+
+    def __init__(self, constraint: PrefixConstraint, masks: dict[bytes, torch.Tensor]) -> None:
+        self.constraint = constraint
+        self.deviated = -1
+        self._masks = masks
+
+    @property
+    def active(self) -> bool:
+        return self.constraint.active
+
+    @property
+    def failed(self) -> bool:
+        return self.constraint.failed
+
+    def allowed_draft(self, draft: Draft) -> Draft:
+        """``draft`` (greedy) cut before its first token the constraint refuses, or after which
+        it would allow nothing (healing fails there, which only row 0 of a pass reports)."""
+        kept = self.constraint.allowed_length(draft.tokens, stuck_ends=True)
+        return draft if kept == len(draft) else replace(draft, tokens=draft.tokens[:kept], probs=None)
+
+    def allowed_length(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, from the first, the constraint allows in turn (all of them once
+        the text is written)."""
+        return self.constraint.allowed_length(tokens)
+
+    def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
+        """What the constraint allows after ``tokens`` (allowed ones): the text still owed (a key
+        for caches) and the sorted token ids; None once the text is written."""
+        probe = copy.copy(self.constraint)
+        for token in tokens:
+            probe.advance(token)
+        return (probe.key, probe.allowed()) if probe.active else None
+
+    def masks(self, draft: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+        """For the rows of a pass over the newest token and ``draft`` (a row per draft token and
+        one more): the ids allowed at each row while the text is owed after the draft tokens
+        before it. The list ends at the first row where the text is paid or nothing is allowed
+        (an empty list while the text is owed: nothing can continue it)."""
+        probe = copy.copy(self.constraint)
+        out: list[torch.Tensor] = []
+        for row in range(len(draft) + 1):
+            if not probe.active:
+                break
+            index = self._allowed(probe, device)
+            if index is None:
+                break
+            out.append(index)
+            if row < len(draft):
+                probe.advance(draft[row])
+        return out
+
+    def constrain(
+        self, logits: torch.Tensor, masks: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """``logits`` (a row per draft token and one more) with each row masked by ``masks``
+        (``masks`` for the same draft), and those rows' unmasked argmax (the rows after the text
+        is paid are left alone). Nothing allowed at row 0: marked failed, left unmasked."""
+        if not masks and self.constraint.active:
+            self.constraint.failed = True
+        masked, unmasked = logits.clone(), []
+        for row, index in enumerate(masks):
+            unmasked.append(int(logits[row].argmax()))
+            masked[row] = float("-inf")
+            masked[row, index] = logits[row, index]
+        return masked, unmasked
+
+    def _allowed(self, probe: PrefixConstraint, device: torch.device) -> torch.Tensor | None:
+        index = self._masks.get(probe.key)
+        if index is None or index.device != device:
+            allowed = probe.allowed()
+            if not allowed:
+                return None
+            import torch  # only a local engine gets here (see the imports)
+
+            index = torch.tensor(allowed, dtype=torch.long, device=device)
+            if len(self._masks) > 64:
+                self._masks.clear()
+            self._masks[probe.key] = index
+        return index
+
+    def chose(self, position: int, token: int, unmasked: int | None) -> None:
+        """``token`` was generated at ``position`` where the unmasked greedy choice was ``unmasked``."""
+        if unmasked is not None and token != unmasked:
+            self.deviated = position
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.constraint.advance(token)
+
+
+def chain_fits(index: HealingIndex, chain: Chain | None, prompt: list[int], required: str) -> bool:
+    """Whether a known greedy continuation of ``prompt`` (if ``chain`` offers one) is also what
+    healed decoding would choose: it is, exactly when each of its tokens spent while the
+    required text is owed is an allowed one (the masked argmax of a set that holds the unmasked
+    argmax is that argmax)."""
+    if (
+        chain is None
+        or chain.greedy_from is None
+        or len(chain.tokens) <= len(prompt)
+        or chain.tokens[: len(prompt)] != prompt
+    ):
+        return True  # no known continuation will be offered
+    rest = chain.tokens[len(prompt) :]
+    return PrefixConstraint(index, required).allowed_length(rest) == len(rest)
+
+
+def asked_fits(chain: Chain | None, prompt: list[int], required: str) -> bool:
+    """Whether the tokens the last request at this very prompt was answered with (healed, so not
+    on the greedy chain) are what healing ``required`` would choose now. That is the user typing
+    on inside the healed word (at ``self.le`` the prompt ends at ``self`` and owes ``.le``; at
+    ``self.lev`` it is the same prompt owing ``.lev``): where ``required`` extends the text that
+    request owed, each set of tokens it allows is within the set that request's choice was the
+    best of, so where that choice is allowed it is the best of this set too. In the keystroke
+    replay a third of all target passes went to decoding such prompts again. Asked only where
+    ``chain_fits`` held: it has checked these very tokens against ``required``."""
+    if chain is None or chain.asked is None or chain.greedy_from is None:
+        return False
+    asked = chain.asked
+    return (
+        asked.prompt_tokens == len(prompt) < len(chain.tokens)
+        and required.startswith(asked.owed)
+        and chain.tokens[: len(prompt)] == prompt
+    )

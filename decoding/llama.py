@@ -259,6 +259,7 @@ class LlamaForward:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
         self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
         self.cost_prior = dict(COST_PRIOR)
+        self.max_context: int | None = None  # its cache grows: the model's context is the limit
         half = shape.head_dim // 2
         freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
         positions = torch.arange(shape.max_context, dtype=torch.float64) / shape.rope_scale

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +64,20 @@ class LoadedModel:
     config: Any = None  # a transformers config (default: the model's)
     quantization: str = "none"  # what the weights are: none, or the GGUF's / load-time blocks
 
+    @classmethod
+    def on_lean(
+        cls,
+        forward: ModelPass,
+        tokenizer: object,
+        config: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        source: str,
+        quantization: str,
+    ) -> LoadedModel:
+        """A model whose pass is the project's own forward: no transformers module is kept."""
+        return cls(None, tokenizer, device, dtype, source, forward, config, quantization)
+
     def __post_init__(self) -> None:
         if self.forward is None:
             self.forward = TransformersPass(self.model)
@@ -77,7 +92,8 @@ class LoadedModel:
     def max_context(self) -> int:
         """The model's context, or less where the forward holds fewer positions (a graphed cache)."""
         context = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
-        return min(context, getattr(self.forward, "max_context", context))
+        held = self.forward.max_context
+        return context if held is None else min(context, held)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -215,15 +231,10 @@ def _converted_gguf(path: Path, dtype: torch.dtype, trust_remote_code: bool):
     if hasattr(model, "is_quantized"):
         model.is_quantized = False
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        (staging / "SOURCE").write_text(f"{path}\nsha256 {key}\n")
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first
-            shutil.rmtree(staging, ignore_errors=True)
+        with _staged(target, ".convert-") as staging:
+            model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            (staging / "SOURCE").write_text(f"{path}\nsha256 {key}\n")
         log.info("saved converted copy to %s", target)
     except OSError as exc:
         log.warning("could not cache the converted model (%s); next start will convert again", exc)
@@ -258,16 +269,24 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
     config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-    with contextlib.suppress(OSError):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".meta-", dir=target.parent))
+    with contextlib.suppress(OSError), _staged(target, ".meta-") as staging:
         config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first
-            shutil.rmtree(staging, ignore_errors=True)
     return config, tokenizer
+
+
+@contextlib.contextmanager
+def _staged(target: Path, prefix: str) -> Iterator[Path]:
+    """A new folder beside ``target`` to write a cached copy into, renamed to ``target`` once
+    written: a reader never sees half a copy, and where another process finished first its copy
+    stays and this one is dropped."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    yield staging
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _plain_config(path: Path) -> SimpleNamespace:
@@ -312,15 +331,8 @@ def _lean_gguf(
     if graphed:
         return _graphed(forward, tokenizer, config, torch_device, dtype, str(path))
     give_back_freed_memory()
-    return LoadedModel(
-        model=None,
-        tokenizer=tokenizer,
-        device=torch_device,
-        dtype=torch.float32,
-        source=str(path),
-        forward=forward,
-        config=config,
-        quantization=forward.formats,
+    return LoadedModel.on_lean(
+        forward, tokenizer, config, torch_device, torch.float32, str(path), forward.formats
     )
 
 
@@ -330,16 +342,7 @@ def _graphed(lean: Any, tokenizer: Any, config: Any, device: torch.device, dtype
 
     forward = GraphedForward(lean, device, dtype)
     log.info("%s on %s: CUDA graphs warmed up in %.1f s", source, device, forward.warmup_s)
-    return LoadedModel(
-        model=None,
-        tokenizer=tokenizer,
-        device=device,
-        dtype=dtype,
-        source=source,
-        forward=forward,
-        config=config,
-        quantization=forward.formats,
-    )
+    return LoadedModel.on_lean(forward, tokenizer, config, device, dtype, source, forward.formats)
 
 
 def give_back_freed_memory() -> None:
@@ -372,16 +375,7 @@ def _lean_at_load(
     if forward is None:
         return None
     give_back_freed_memory()
-    return LoadedModel(
-        model=None,
-        tokenizer=tokenizer,
-        device=device,
-        dtype=torch.float32,
-        source=source,
-        forward=forward,
-        config=model.config,
-        quantization=quantization,
-    )
+    return LoadedModel.on_lean(forward, tokenizer, model.config, device, torch.float32, source, quantization)
 
 
 def _folder_or_hub(path: Path, spec: str, dtype: torch.dtype, trust_remote_code: bool, allow_pickle: bool):

@@ -25,6 +25,7 @@ from decoding.engine import (
     is_cancelled,
 )
 from decoding.models import LoadedModel
+from decoding.stops import cut_at_stop
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value, used by decode_bench too
 
@@ -43,7 +44,8 @@ class _StopWhen(StoppingCriteria):
             self.cancelled = True
             return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         new = input_ids[0, self.prompt_len :].tolist()
-        _, _, reason, _ = self.engine.cut_at_stop(
+        _, _, reason, _ = cut_at_stop(
+            self.engine.decode,
             new,
             self.config.stops,
             self.engine.target.eos_token_ids,
@@ -109,8 +111,14 @@ class TransformersDecoder:
         stats.target_passes = self._passes
         stats.prefill_tokens = min(1, self._passes)  # generate()'s prefill carries no draft
         new = out[0, len(prompt_ids) :].tolist()
-        kept, text, reason, consumed = self.engine.cut_at_stop(
-            new, config.stops, self.engine.target.eos_token_ids, config.max_new_tokens, "", config.stop_when
+        kept, text, reason, consumed = cut_at_stop(
+            self.engine.decode,
+            new,
+            config.stops,
+            self.engine.target.eos_token_ids,
+            config.max_new_tokens,
+            "",
+            config.stop_when,
         )
         if stop.cancelled:
             reason = "cancelled"

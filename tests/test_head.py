@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -383,6 +384,26 @@ def test_auto_drafts_the_ngram_match_where_the_head_it_chose_is_unsure(targets, 
     assert unsure.tokens
 
 
+@dataclass
+class OwedByPrefix:
+    """An ``OwedText`` given as what healing owes after each drafted prefix (what the engine's
+    ``Healing`` answers from its constraint)."""
+
+    after: Callable[[list[int]], tuple[bytes, tuple[int, ...]] | None]
+
+    def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
+        return self.after(list(tokens))
+
+    def allowed_length(self, tokens: Sequence[int]) -> int:
+        for i, token in enumerate(tokens):
+            owed = self.after(list(tokens[:i]))
+            if owed is None:
+                return len(tokens)
+            if token not in owed[1]:
+                return i
+        return len(tokens)
+
+
 def test_while_healing_owes_text_auto_weighs_an_ngram_match_only_as_far_as_the_text_allows(targets, heads):
     """An n-gram match whose first token healing refuses would be cut to nothing by the engine:
     ``auto`` must then draft from the head (steered) instead of choosing that match. A match the
@@ -393,21 +414,21 @@ def test_while_healing_owes_text_auto_weighs_an_ngram_match_only_as_far_as_the_t
     auto.head.confident = False
     assert auto.propose(tokens, 4).source == "ngram"
     refused = tuple(t for t in range(20, 44) if t != first[6])
-    auto.steer(lambda drafted: (b"refuses the match", refused) if not drafted else None)
+    auto.steer(OwedByPrefix(lambda drafted: (b"refuses the match", refused) if not drafted else None))
     steered = auto.propose(tokens, 4)
     assert steered.source == "head" and steered.tokens and steered.tokens[0] in refused
-    auto.steer(lambda drafted: (b"allows the match", (first[6],)) if not drafted else None)
+    auto.steer(OwedByPrefix(lambda drafted: (b"allows the match", (first[6],)) if not drafted else None))
     kept = auto.propose(tokens, 4)
     assert kept.source == "ngram" and kept.tokens == first[6:10]
     not_next = tuple(t for t in range(20, 44) if t != first[7])
     owed = {0: (b"allows the match", (first[6],)), 1: (b"refuses its second", not_next)}
-    auto.steer(lambda drafted: owed.get(len(drafted)))
+    auto.steer(OwedByPrefix(lambda drafted: owed.get(len(drafted))))
     cut = auto.propose(tokens, 4)  # the match goes one token along the text, then is cut
     assert cut.tokens[:1] == [first[6]] and cut.tokens[1:2] != [first[7]]
 
 
 def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, heads):
-    """Steered by token healing (the engine passes ``Healing.allowed_after``), the head's greedy
+    """Steered by token healing (the engine passes its ``Healing``), the head's greedy
     draft chooses among the allowed tokens while text is owed, and freely after it."""
     forward, head = targets[0], heads[0]
     drafter = head_drafter(forward, head, max_draft=4)
@@ -419,10 +440,10 @@ def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, h
     free = drafter.propose_exactly(tokens, 3).tokens
     assert len(free) == 3
     allowed = tuple(t for t in range(20, 44) if t != free[0])
-    drafter.steer(lambda drafted: (b"owed", allowed) if not drafted else None)
+    drafter.steer(OwedByPrefix(lambda drafted: (b"owed", allowed) if not drafted else None))
     steered = drafter.propose_exactly(tokens, 3).tokens
     assert steered[0] in allowed and len(steered) == 3
-    drafter.steer(lambda drafted: (b"outside", (0, 1, 2)))  # none the head scores (HEAD_VOCAB)
+    drafter.steer(OwedByPrefix(lambda drafted: (b"outside", (0, 1, 2))))  # none the head scores (HEAD_VOCAB)
     assert drafter.propose_exactly(tokens, 3).tokens == []
     drafter.steer(None)
     assert drafter.propose_exactly(tokens, 3).tokens == free

@@ -326,6 +326,7 @@ class RecordedPass:
     def __init__(self, forward) -> None:
         self.forward, self.asked = forward, []
         self.vocab_size, self.cost_prior, self.fingerprint = forward.vocab_size, forward.cost_prior, None
+        self.max_context = forward.max_context
 
     def new_cache(self):
         return self.forward.new_cache()

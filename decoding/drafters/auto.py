@@ -16,13 +16,12 @@ match cut to nothing must not win over the head, which drafts among what the tex
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Sequence
 
 import torch
 
-from decoding.drafters.base import AllowedAfter, Draft, Drafter
+from decoding.drafters.base import Draft, Drafter, OwedText
 from decoding.drafters.head import HeadDrafter
 from decoding.drafters.length import CostModel, best_draft_length
 from decoding.drafters.model import ModelDrafter
@@ -48,7 +47,7 @@ class AutoDrafter(Drafter):
             if drafter is not None:
                 drafter.cost = self.cost
         self._skipped: dict[str, int] = {}
-        self._allowed_after: AllowedAfter | None = None
+        self._owed: OwedText | None = None
 
     def begin(
         self,
@@ -71,26 +70,21 @@ class AutoDrafter(Drafter):
         if self.head is not None:
             self.head.attach(target_cache)
 
-    def steer(self, allowed_after: AllowedAfter | None) -> None:
+    def steer(self, owed: OwedText | None) -> None:
         """What token healing allows (``HeadDrafter.steer``): the head drafts among it, and an
         n-gram match counts only as far as it goes along it."""
-        self._allowed_after = allowed_after
+        self._owed = owed
         if self.head is not None:
-            self.head.steer(allowed_after)
+            self.head.steer(owed)
 
     def _allowed_match(self, match: Match | None) -> Match | None:
         """``match`` cut before its first token healing refuses; None where that leaves nothing."""
-        if match is None or self._allowed_after is None:
+        if match is None or self._owed is None:
             return match
-        for i, token in enumerate(match.tokens):
-            owed = self._allowed_after(match.tokens[:i])
-            if owed is None:  # the text is written: the rest is free
-                return match
-            allowed = owed[1]
-            at = bisect.bisect_left(allowed, token)
-            if at == len(allowed) or allowed[at] != token:
-                return dataclasses.replace(match, tokens=match.tokens[:i]) if i else None
-        return match
+        kept = self._owed.allowed_length(match.tokens)
+        if kept == len(match.tokens):
+            return match
+        return dataclasses.replace(match, tokens=match.tokens[:kept]) if kept else None
 
     def _drafters(self) -> list:
         return [d for d in (self.ngram, self.model, self.head) if d is not None]

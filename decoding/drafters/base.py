@@ -9,7 +9,7 @@ has to know how a drafter stores its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,9 +21,18 @@ if TYPE_CHECKING:
     from decoding.drafters.corpus import CorpusIndex
     from decoding.results import DrafterStats
 
-# What token healing allows after a drafted prefix: the bytes still owed and the sorted ids that
-# may come next, or None once the owed text is written (``decoding.healing.PrefixConstraint``).
-AllowedAfter = Callable[[Sequence[int]], "tuple[bytes, tuple[int, ...]] | None"]
+
+class OwedText(Protocol):
+    """What token healing still owes, as a drafter is shown it while a prompt's last word is
+    being written (``decoding.healing.Healing``)."""
+
+    def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
+        """After the drafted ``tokens`` (allowed ones): the bytes still owed (a key for caches)
+        and the sorted ids that may come next; None once the owed text is written."""
+
+    def allowed_length(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, from the first, may be drafted in turn (all, once the text is
+        written)."""
 
 
 @dataclass
@@ -90,7 +99,7 @@ class Drafter(Protocol):
         """The target's cache this generation feeds, shown before each proposal: a drafter that
         reads the target's hidden states (a draft head) drafts from it; others ignore it."""
 
-    def steer(self, allowed_after: AllowedAfter | None) -> None:
+    def steer(self, owed: OwedText | None) -> None:
         """While token healing owes text, what it allows after each drafted prefix (None:
         anything), shown before each proposal: a draft the target's masked pass would refuse at
         once is a wasted pass, so a drafter may draft within it; others ignore it (the engine cuts

@@ -58,8 +58,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from decoding.drafters.base import AllowedAfter, Draft, Drafter
+from decoding.drafters.base import Draft, Drafter, OwedText
 from decoding.drafters.length import AcceptanceStats, CostModel, ema
+from decoding.forward import HiddenStates
 from decoding.head import DraftHead, HeadCache, load_head, shipped_head
 from decoding.kv_cache import common_prefix_length
 from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
@@ -108,7 +109,7 @@ class HeadDrafter(Drafter):
             quantize_linears(self.head, bits)
         self._score = self._scorer(output_rows)
         self._vocab_on_cpu = self.head.vocab.cpu()  # where a sampled draft's q is made
-        self._steer: AllowedAfter | None = None
+        self._steer: OwedText | None = None
         self._allowed_rows: dict[bytes, torch.Tensor] = {}  # by the text healing still owes
         self._vocab_sorted = self._vocab_on_cpu.sort()  # to find allowed ids among the scored
         self.folder = ""  # where the head was loaded from, for logs and stats
@@ -165,17 +166,17 @@ class HeadDrafter(Drafter):
     def forget(self, session: str) -> None:
         """Nothing per session: entries are recomputed from the target's cache when tokens differ."""
 
-    def steer(self, allowed_after: AllowedAfter | None) -> None:
+    def steer(self, owed: OwedText | None) -> None:
         """While token healing owes text (a cursor mid-word), greedy drafts choose among what it
         allows, as the target's masked pass will: the head's best guess at which word the typed
         letters begin, where its unconstrained guess (often another word) would be refused at
         once. None: unconstrained."""
-        self._steer = allowed_after
+        self._steer = owed
 
     def _rows_allowed(self, drafted: Sequence[int]) -> torch.Tensor | None:
         """Indices into the head's scores of the tokens healing allows after ``drafted``; None
         when nothing is owed (every token may be drafted)."""
-        owed = self._steer(drafted) if self._steer is not None else None
+        owed = self._steer.allowed_after(drafted) if self._steer is not None else None
         if owed is None:
             return None
         key, allowed = owed
@@ -222,7 +223,7 @@ class HeadDrafter(Drafter):
 
     def _fed(self, tokens: Sequence[int]) -> int:
         target = self._cache_of_target
-        if getattr(target, "hidden", None) is None:  # none yet, or a cache that keeps none
+        if not isinstance(target, HiddenStates):  # none yet, or a cache that keeps none
             return 0
         return min(int(target.length), len(tokens) - 1)
 
