@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    from decoding.models import load_model
+    from decoding.models.loading import load_model
 
     tokenizer = load_model("default", device="cpu", dtype="float32").tokenizer
 

@@ -1,10 +1,10 @@
 """How often the output layer's candidates hold the fp32 layer's greedy token, on real code.
 
-``QuantizedHead`` (``decoding/quant/layers.py``) ranks the vocabulary with a 4-bit copy of the
+``QuantizedOutputLayer`` (``decoding/forward/quant/layers.py``) ranks the vocabulary with a 4-bit copy of the
 output layer and recomputes only the ``CANDIDATES`` best in fp32 from the file's exact values;
 under ``greedy_only`` it also recomputes any token whose error bound could beat them, so its
 greedy token is always the fp32 layer's. This runs the default model over held-out
-standard-library files (``decoding.train_head``'s split) and counts, per position, whether the
+standard-library files (``decoding.draft_head.training``'s split) and counts, per position, whether the
 fp32 layer's greedy token is among the candidates of each ranking:
 
 - ``leading term``: a Q8_0 layer's leading 4-bit term alone, the group means of the rest folded
@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from decoding.quant.layers import QuantizedHead
-from decoding.train_head import Target, corpus_files, sequences, stdlib_root
+from decoding.draft_head.training import Target, corpus_files, sequences, stdlib_root
+from decoding.forward.quant.layers import QuantizedOutputLayer
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_ranking.json"
 
 
-def fp32_greedy(head: QuantizedHead, hidden: torch.Tensor, slice_rows: int = 4096) -> torch.Tensor:
+def fp32_greedy(head: QuantizedOutputLayer, hidden: torch.Tensor, slice_rows: int = 4096) -> torch.Tensor:
     """The greedy token of the exact fp32 layer, its rows made in slices (the whole is 113 MB)."""
     best = torch.full((hidden.shape[0],), float("-inf"))
     index = torch.zeros(hidden.shape[0], dtype=torch.long)
@@ -50,7 +50,7 @@ def fp32_greedy(head: QuantizedHead, hidden: torch.Tensor, slice_rows: int = 409
     return index
 
 
-def greedy_head(head: QuantizedHead, greedy_only: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def greedy_head(head: QuantizedOutputLayer, greedy_only: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     def run(x: torch.Tensor) -> torch.Tensor:
         return head(x, greedy_only=greedy_only)
 
@@ -71,8 +71,8 @@ def time_row(layer: Callable[[torch.Tensor], torch.Tensor], dim: int, repeats: i
 
 def measure(tokens: int, length: int) -> dict[str, Any]:
     target = Target.load("default")
-    head = target.model.forward.head
-    if not isinstance(head, QuantizedHead):
+    head = target.model.forward.output_layer
+    if not isinstance(head, QuantizedOutputLayer):
         raise SystemExit("the default model's output layer is not on the 4-bit kernel here")
     rankings = {"leading term": head.approx.leading, "both terms": head.approx}
     held = {name: 0 for name in rankings}
@@ -86,7 +86,7 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
             for name, layer in rankings.items():
                 scores = layer(hidden).float()
                 rank = (scores > scores.gather(1, want[:, None])).sum(-1)
-                held[name] += int((rank < QuantizedHead.CANDIDATES).sum())
+                held[name] += int((rank < QuantizedOutputLayer.CANDIDATES).sum())
                 worst[name] = max(worst[name], int(rank.max()))
             repaired -= head.repaired
             greedy_same += int((head(hidden, greedy_only=True).argmax(-1) == want).sum())
@@ -94,7 +94,7 @@ def measure(tokens: int, length: int) -> dict[str, Any]:
             positions += len(chunk)
     return {
         "positions": positions,
-        "candidates": QuantizedHead.CANDIDATES,
+        "candidates": QuantizedOutputLayer.CANDIDATES,
         "held_share": {name: round(n / positions, 5) for name, n in held.items()},
         "worst_rank": worst,
         "greedy_only_is_fp32_share": round(greedy_same / positions, 5),

@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from decoding.native.build import NativeBuildError, download_sdist
+from decoding.forward.native.build import NativeBuildError, download_sdist
 
 log = logging.getLogger("benchmarks.llama_server")
 

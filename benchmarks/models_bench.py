@@ -1,7 +1,7 @@
 """Speed and memory on real GGUF files, ours against llama.cpp's server on the same file.
 
 For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
-through ``decoding/native``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
+through ``decoding/forward/native``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
 process of its own (load time, resident memory with the model warm, a decode step and verify
 passes over 2, 4 and 8 tokens after ``--context`` tokens, a prefill of ``--context`` tokens),
 and llama-server (2 threads, the same file) on the same random prompt: its load time, resident
@@ -38,7 +38,7 @@ AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "L
 
 def model_path(spec: str) -> Path:
     if spec == "default":
-        from decoding.models import default_gguf_path
+        from decoding.models.loading import default_gguf_path
 
         return default_gguf_path()
     if ":" in spec and not Path(spec).exists():
@@ -53,7 +53,7 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
     """One backend (the environment's), in this process."""
     import torch
 
-    from decoding.models import load_model
+    from decoding.models.loading import load_model
     from lsp_server.stats import process_memory
 
     started = time.perf_counter()

@@ -89,7 +89,7 @@ LANGUAGE_IDS = {"python": "python", "javascript": "javascript", "c": "c"}
 
 def corpus_files(language: str, root: Path) -> list[tuple[str, Path]]:
     """The corpus's files; of the stdlib only those the draft head was not trained on."""
-    from decoding.train_head import held_out
+    from decoding.draft_head.training import held_out
 
     found = []
     for path in root.rglob("*"):

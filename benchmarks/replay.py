@@ -824,7 +824,7 @@ def sibling_workspace(segments: Sequence[Segment], files: Sequence[tuple[str, Pa
 def llama_gguf(model: str | None) -> Path:
     """The GGUF llama-server runs: ``--model`` when it is one, else the embedded model's file."""
     if model is None:
-        from decoding.models import default_gguf_path
+        from decoding.models.loading import default_gguf_path
 
         return default_gguf_path()
     if model.endswith(".gguf") and Path(model).is_file():

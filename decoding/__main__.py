@@ -7,15 +7,16 @@ id, text, token ids and stats, so the command doubles as a scripting and benchma
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 from pathlib import Path
 
 from decoding.drafters import DRAFTER_NAMES, load_head_drafter, make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.models import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
-from decoding.results import GenerationResult
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.engine.results import GenerationResult
+from decoding.models.loading import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
 
 log = logging.getLogger("decoding")
 
@@ -105,22 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         prompts = read_prompts(args)
-        target = load_model(
-            args.model,
+        load = functools.partial(
+            load_model,
             device=args.device,
             dtype=args.dtype,
             quantization=args.quantization,
             trust_remote_code=args.trust_remote_code,
         )
+        target = load(args.model)
         draft = None
         if args.draft_model:
-            draft = load_model(
-                args.draft_model,
-                device=args.device,
-                dtype=args.dtype,
-                quantization=args.quantization,
-                trust_remote_code=args.trust_remote_code,
-            )
+            draft = load(args.draft_model)
             check_draft_compatible(target, draft)
         engine = SpeculativeEngine(target)
         head = load_head_drafter(target, args.draft_head, cost=engine.cost)

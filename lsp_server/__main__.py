@@ -184,9 +184,9 @@ def one_malloc_arena() -> None:
     """One glibc malloc arena for every thread, set before any thread starts.
 
     By default each thread that allocates (the loader, the decode worker, the event loop) gets an
-    arena of its own, and the model's load leaves two of them partly used for good: a ready
-    server measured 455-472 MB resident, and 444-446 MB with one arena, at the same decode step
-    (``pass_bench``: within 2%; the threads rarely allocate at once). No library sets this;
+    arena of its own, and the model's load leaves two of them partly used for good; with one
+    arena a ready server is smaller at the same decode step (the threads rarely allocate at once;
+    figures: ``benchmarks/README.md``). No library sets this;
     ``MALLOC_ARENA_MAX`` in the environment wins, and it is a no-op off glibc."""
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return
@@ -250,7 +250,7 @@ def serve_tcp(server: CompletionServer, host: str, port: int) -> None:
 def list_models() -> int:
     """``--list-models``: the models found on disk, one line each as its GGUF header is read (the
     only output this program writes to stdout outside LSP). Nothing is downloaded or loaded."""
-    from decoding.discovery import listing_lines
+    from decoding.models.discovery import listing_lines
 
     for line in listing_lines():
         print(line, flush=True)

@@ -6,8 +6,8 @@ under ``"lspServer"``; ``workspace/didChangeConfiguration`` carries the client's
 a key missing there falls back to the layers below it. A value that fails validation never takes
 effect: the setting keeps the value it had, and the caller shows the returned problem to the user.
 
-This module must not import ``decoding`` (that pulls in torch, seconds of import on the event
-loop); the few names it validates against are repeated here and a test keeps them in step.
+This module imports from ``decoding`` only ``decoding.choices``, which is pure Python: the rest
+pulls in torch, seconds of import on the event loop.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from decoding.choices import DRAFTER_NAMES, QUANTIZATIONS, DrafterName, Quantization
 from lsp_server.context import FIM_SETTINGS as FIM_STYLES
 from lsp_server.context import is_fim_setting
 from lsp_server.ending import MULTILINE_MODES
 from lsp_server.remote.endpoint import API_NAMES, EndpointError, insecure_reason, parse_base_url
 
 SECTION = "lspServer"
-DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")  # == decoding.drafters.DRAFTER_NAMES
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 DECODER_NAMES = ("speculative", "transformers")
-QUANTIZATIONS = ("auto", "none", "int8", "int4")  # == decoding.models.QUANTIZATIONS
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
@@ -39,10 +38,10 @@ class Settings:
     model: str = "default"
     draft_model: str | None = None
     draft_head: str = "auto"  # auto: the head shipped for the model, if any; none; a folder or hub id
-    drafter: str = "auto"
+    drafter: DrafterName = "auto"
     device: str = "auto"
     dtype: str = "auto"
-    quantization: str = "auto"  # auto: a GGUF keeps its quantized blocks on the CPU; none: dequantize
+    quantization: Quantization = "auto"  # auto: a GGUF's blocks stay on the CPU; none: dequantize
     max_new_tokens: int = 64
     context_tokens: int = 512  # a cold prefill's cost grows with it (benchmarks/README.md)
     # 0: editors debounce their own requests (VS Code, the Neovim plugin), and a newer request stops

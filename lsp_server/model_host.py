@@ -84,8 +84,8 @@ def load_engine_runtime(
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """The message for the user, and whether the failure was an expected one (no traceback needed)."""
-    # Only a local load imports decoding.models (torch); a remote one must not import it to ask.
-    models = sys.modules.get("decoding.models")
+    # Only a local load imports decoding.models.loading (torch); a remote one must not import it to ask.
+    models = sys.modules.get("decoding.models.loading")
     load_error = getattr(models, "ModelLoadError", None)
     if load_error is not None and isinstance(exc, load_error):
         return str(exc), True

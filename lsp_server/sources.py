@@ -2,8 +2,8 @@
 
 Code is copied between files as much as within one, so the n-gram drafter looks up continuations
 in the other open documents and in suggestions the user accepted, not only in the prompt. Its
-index costs ~0.8 KB per token (measured on typing.py), so the documents are capped: each one
-contributes at most ``max_doc_tokens`` tokens (its beginning), and all together at most
+index costs hundreds of bytes per token (``benchmarks/corpus_bench.py``), so the documents are
+capped: each one contributes at most ``max_doc_tokens`` tokens (its beginning), and all together at most
 ``max_total_tokens``, the documents changed least recently dropped first.
 
 Indexing runs on the decode worker (the drafter is not thread-safe) in background jobs, which

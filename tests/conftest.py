@@ -13,7 +13,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def default_model():
     """What the server loads by default: the GGUF's own quantized blocks on the lean forward."""
-    from decoding.models import load_model
+    from decoding.models.loading import load_model
 
     return load_model("default", device="cpu", dtype="float32")
 
@@ -21,7 +21,7 @@ def default_model():
 @pytest.fixture(scope="session")
 def fp32_model():
     """The same GGUF dequantized to fp32 on transformers' forward (``quantization: none``)."""
-    from decoding.models import load_model
+    from decoding.models.loading import load_model
 
     return load_model("default", device="cpu", dtype="float32", quantization="none")
 
@@ -37,7 +37,7 @@ def default_tokenizer_folder(tmp_path_factory, default_model):
 def kernel_backend(request, monkeypatch):
     """Run a test on torch's kernels (the default) and on llama.cpp's (``LSP_NATIVE=1``, where
     built); forwards made inside the test take the backend."""
-    from decoding.native import kernels
+    from decoding.forward.native import kernels
 
     monkeypatch.setenv("LSP_NATIVE", "1" if request.param == "native" else "0")
     kernels.cache_clear()

@@ -33,7 +33,7 @@ SAMPLE = 'def greet(name):\n    message = "hello " + name\n    return message\n\
 def tokenizer_source() -> Path:
     """The converted default model's folder (it holds tokenizer.json), converting it once if absent.
     Only the default model's: the cache also holds other GGUFs' folders (a benchmark's replicas)."""
-    from decoding.models import cache_root, default_gguf_path, file_sha256
+    from decoding.models.loading import cache_root, default_gguf_path, file_sha256
 
     prefix = file_sha256(default_gguf_path())[:32]
 
@@ -44,7 +44,7 @@ def tokenizer_source() -> Path:
 
     folder = find()
     if folder is None:
-        from decoding.models import load_model
+        from decoding.models.loading import load_model
 
         load_model("default", device="cpu", dtype="float32")
         folder = find()

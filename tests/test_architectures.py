@@ -23,8 +23,8 @@ from transformers import (
 )
 
 from decoding.drafters import make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.llama import UnsupportedModel, _rope_order, from_gguf, from_transformers
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.forward.llama import UnsupportedModel, _rope_order, from_gguf, from_transformers
 from tests.test_quant import lean_loaded, plain_greedy_pass
 
 VOCAB = 96

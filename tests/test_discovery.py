@@ -16,9 +16,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
 
-from decoding import discovery
-from decoding.discovery import ModelNotFound, gguf_facts, resolve_model_spec
-from decoding.models import default_gguf_path, load_model
+from decoding.models import discovery
+from decoding.models.discovery import ModelNotFound, gguf_facts, resolve_model_spec
+from decoding.models.loading import default_gguf_path, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_KEYS = (

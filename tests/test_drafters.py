@@ -10,7 +10,7 @@ from decoding.drafters.auto import AutoDrafter
 from decoding.drafters.length import CostModel, best_draft_length, expected_tokens
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter, TokenIndex
-from decoding.verify import SamplingParams
+from decoding.engine.verify import SamplingParams
 from tests.reference import next_token_logits
 from tests.tiny_models import loaded, tiny_model
 

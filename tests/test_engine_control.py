@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from decoding.drafters import make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.reference import plain_greedy
 from tests.tiny_models import loaded, tiny_model
 

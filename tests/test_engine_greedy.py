@@ -16,7 +16,7 @@ from decoding.drafters import make_drafter
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import CostModel
-from decoding.engine import GenerationConfig, SpeculativeEngine
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.reference import plain_greedy
 from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
 

@@ -1,7 +1,7 @@
 """Greedy choices come from the exact output layer, never from its approximations.
 
 The lean forward's output layer ranks tokens on the 4-bit kernel and recomputes only its
-candidates exactly (``QuantizedHead``). These tests hold its greedy choices against the GGUF's
+candidates exactly (``QuantizedOutputLayer``). These tests hold its greedy choices against the GGUF's
 own output layer (its blocks dequantized by the gguf package, as llama.cpp reads them), applied
 to the forward's own final hidden states: unconstrained, and under token healing, where only
 the tokens that spell the owed text may be chosen and none of them may be among the candidates
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.healing import PrefixConstraint
-from decoding.models import default_gguf_path
+from decoding.engine.healing import PrefixConstraint
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.models.loading import default_gguf_path
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = ["argparse.py", "json/decoder.py", "textwrap.py", "shlex.py", "fractions.py", "csv.py", "inspect.py"]
@@ -127,7 +127,7 @@ def test_unconstrained_greedy_choices_are_the_exact_output_layers_even_with_few_
     """With a handful of candidates the true best token is often outside them: the layer's error
     bound finds it and computes it exactly, so the argmax is the exact layer's on every row."""
     forward = default_model.forward
-    head = forward.head
+    head = forward.output_layer
     text = (STDLIB / "argparse.py").read_text()[:6000]
     tokens = default_model.tokenizer(text, add_special_tokens=False)["input_ids"][:600]
     cache = forward.new_cache()

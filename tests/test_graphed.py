@@ -1,4 +1,4 @@
-"""The fixed-width forward of ``decoding/graphed.py``: eager on the CPU here, CUDA graphs on a GPU.
+"""The fixed-width forward of ``decoding/forward/graphed.py``: eager on the CPU here, CUDA graphs on a GPU.
 
 Every test runs on the CPU (the pass without graphs), and again on CUDA where a GPU is present
 (graphs, bf16 and fp32): batch invariance bit for bit, speculative greedy equal to the model's own
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.graphed import GraphedCache, GraphedForward
-from decoding.llama import from_transformers
-from decoding.models import LoadedModel
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.forward.graphed import GraphedCache, GraphedForward
+from decoding.forward.llama import from_transformers
+from decoding.models.loading import LoadedModel
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.test_head import trained_tiny_head
 from tests.test_quant import assert_speculative_greedy_is_plain_greedy, plain_greedy_pass
@@ -158,7 +158,7 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dtype):
-    from decoding.models import check_draft_compatible, load_model
+    from decoding.models.loading import check_draft_compatible, load_model
     from tests.test_real_model import stdlib_prompts
 
     target = load_model("default", device="cuda", dtype=dtype)
@@ -188,8 +188,8 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
 def dense_default():
     """The default GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), on the
     CPU in fp32."""
-    from decoding.llama import from_gguf
-    from decoding.models import default_gguf_path
+    from decoding.forward.llama import from_gguf
+    from decoding.models.loading import default_gguf_path
 
     return GraphedForward(
         from_gguf(str(default_gguf_path()), dense=True), torch.device("cpu"), torch.float32, capacity=512

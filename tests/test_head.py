@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
-from decoding.drafters.head import HeadDrafter
-from decoding.drafters.length import AcceptanceStats, CostModel
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.head import (
+from decoding.draft_head.network import (
     DraftHead,
     HeadCache,
     HeadConfig,
     Rotary,
     load_head,
 )
-from decoding.kv_cache import PrefixCache
-from decoding.llama import from_transformers
-from decoding.train_head import TEMPERATURES, chain_loss, chain_outputs, held_out
-from decoding.verify import SamplingParams
+from decoding.draft_head.training import TEMPERATURES, chain_loss, chain_outputs, held_out
+from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
+from decoding.drafters.draft_head import HeadDrafter
+from decoding.drafters.length import AcceptanceStats, CostModel
+from decoding.engine.kv_cache import PrefixCache
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.engine.verify import SamplingParams
+from decoding.forward.llama import from_transformers
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
 from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.test_quant import lean_loaded, plain_greedy_pass
@@ -553,7 +553,7 @@ def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
     run filled are linked, and what comes out is what a run from scratch computes."""
     from safetensors.torch import load_file
 
-    from decoding.train_head import SHARD_SEQUENCES, Target, features
+    from decoding.draft_head.training import SHARD_SEQUENCES, Target, features
     from tests.tiny_models import save_tiny_model
 
     assert SHARD_SEQUENCES == 32
@@ -577,10 +577,10 @@ def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
 
 
 def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, default_tokenizer_folder):
-    """``python -m decoding.train_head`` on a tiny model and a small corpus: features cached,
+    """``python -m decoding.draft_head.training`` on a tiny model and a small corpus: features cached,
     loss down over epochs, a report on held-out files, and the head loads and drafts."""
-    from decoding.models import load_model
-    from decoding.train_head import main
+    from decoding.draft_head.training import main
+    from decoding.models.loading import load_model
     from tests.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
@@ -634,8 +634,8 @@ def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_the
     """``--features batch`` (a GPU's way) trains on the very sequences the CPU's shards cache, in
     the same stream, and the dense model's states for them are the quantized forward's within
     its rounding: a head trained on one reads the other."""
-    from decoding.head_features import BatchFeatures
-    from decoding.train_head import Target, main, parse_args, training_source
+    from decoding.draft_head.features import BatchFeatures
+    from decoding.draft_head.training import Target, main, parse_args, training_source
     from tests.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
@@ -674,7 +674,7 @@ def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_the
 
 
 def test_a_time_budget_keeps_the_epochs_that_fit():
-    from decoding.train_head import epochs_that_fit
+    from decoding.draft_head.training import epochs_that_fit
 
     # 100 steps of 0.1 s: 10 s an epoch, 6 in a minute
     assert epochs_that_fit(0.1, 100, 1.0, done=0, planned=4) == 4
@@ -689,8 +689,8 @@ def test_train_head_on_cuda_trains_a_head_the_cpu_drafts_with(
 ):
     """``--device cuda``: per-batch states on the GPU, training there, the report and the saved
     head on the CPU, where the server's drafter loads it."""
-    from decoding.models import load_model
-    from decoding.train_head import main
+    from decoding.draft_head.training import main
+    from decoding.models.loading import load_model
     from tests.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))

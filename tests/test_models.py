@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding import discovery
-from decoding.cpu_matmul import SmallBatchLinear
-from decoding.models import (
+from decoding.forward.cpu_matmul import SmallBatchLinear
+from decoding.models import discovery
+from decoding.models.loading import (
     ModelLoadError,
     check_draft_compatible,
     load_model,

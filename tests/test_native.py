@@ -1,8 +1,8 @@
-"""llama.cpp's kernels on the lean forward (``decoding/native``): every GGUF type's product is the
+"""llama.cpp's kernels on the lean forward (``decoding/forward/native``): every GGUF type's product is the
 file's weights times the activations as llama.cpp quantizes them, each output computed alone
 (bit for bit the same in any pass), attention each row alone, and the output layer's greedy
 choice certified exact. CI builds the kernels (``.ci/run``); elsewhere these tests need
-``python -m decoding.native --build``."""
+``python -m decoding.forward.native --build``."""
 
 from __future__ import annotations
 
@@ -14,15 +14,18 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
-from decoding.native import NativeHead, NativeLinear, Weight, built_kernels
+from decoding.forward.native import NativeLinear, NativeOutputLayer, Weight, built_kernels
 from tests.test_quant import IN, INT4_KINDS, random_blocks
 
 NATIVE = built_kernels()
 if NATIVE is None:
     if os.environ.get("CI"):
-        raise RuntimeError("CI builds the native kernels before the tests: python -m decoding.native --build")
+        raise RuntimeError(
+            "CI builds the native kernels before the tests: python -m decoding.forward.native --build"
+        )
     pytest.skip(
-        "the native kernels are not built (python -m decoding.native --build)", allow_module_level=True
+        "the native kernels are not built (python -m decoding.forward.native --build)",
+        allow_module_level=True,
     )
 
 KINDS = [*INT4_KINDS, QType.F16, QType.BF16, QType.F32]
@@ -91,8 +94,8 @@ def test_the_native_output_layers_greedy_choice_is_exact_among_any_allowed_token
     vocab = 1024
     rng = np.random.default_rng(12)
     w, dense = weight(kind, rng, vocab)
-    assert NativeHead.fits(NATIVE, w)
-    head = NativeHead(NATIVE, w)
+    assert NativeOutputLayer.fits(NATIVE, w)
+    head = NativeOutputLayer(NATIVE, w)
     assert torch.equal(head.rows(torch.arange(vocab)), torch.from_numpy(dense))
     head.CANDIDATES = 2
     x = torch.randn(24, IN)
@@ -111,9 +114,9 @@ def test_the_native_output_layers_greedy_choice_is_exact_among_any_allowed_token
 
 def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
     """Q4_1 and Q5_1 multiply with Q8_1 activations, whose block sums are rounded to fp16 again:
-    no bound, so their output layer stays on the 4-bit kernel (``QuantizedHead``)."""
+    no bound, so their output layer stays on the 4-bit kernel (``QuantizedOutputLayer``)."""
     w, _ = weight(QType.Q4_1, np.random.default_rng(1))
-    assert not NativeHead.fits(NATIVE, w)
+    assert not NativeOutputLayer.fits(NATIVE, w)
 
 
 @pytest.mark.parametrize(
@@ -128,8 +131,8 @@ def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
 def test_each_file_takes_the_kernels_its_types_run_fastest_on(kind, setting, native, tmp_path, monkeypatch):
     """The choice is the file's (and ``LSP_NATIVE``'s), never a timing: products, attention and
     output layer all on the chosen kernels, and the forward computes the model either way."""
-    from decoding.llama import from_gguf
-    from decoding.native import kernels
+    from decoding.forward.llama import from_gguf
+    from decoding.forward.native import kernels
     from tests.test_architectures import VOCAB, tiny, write_gguf
 
     if setting is None:

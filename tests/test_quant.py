@@ -13,19 +13,25 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 from decoding.drafters import make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor, from_transformers
-from decoding.models import LoadedModel
-from decoding.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
-from decoding.quant.layers import (
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.forward.llama import (
+    MAX_ATTENTION_ROWS,
+    KVCache,
+    LlamaForward,
+    attention_row_floor,
+    from_transformers,
+)
+from decoding.forward.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
+from decoding.forward.quant.layers import (
     DenseLinear,
     Int4Linear,
-    QuantizedHead,
+    QuantizedOutputLayer,
     SmallLinear,
     linear_for,
     quantize_linears,
     ranked_terms,
 )
+from decoding.models.loading import LoadedModel
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
@@ -124,7 +130,7 @@ def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     vocab = 1024  # more tokens than candidates
     rng = np.random.default_rng(11)
     tensor = decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN))
-    head = QuantizedHead(tensor)
+    head = QuantizedOutputLayer(tensor)
     exact_rows = head.rows(torch.arange(vocab))
     dense = torch.from_numpy(tensor.dense())  # up to one rounding of each group's zero
     assert torch.allclose(exact_rows, dense, rtol=0, atol=dense.abs().max().item() * 2**-22)
@@ -136,7 +142,7 @@ def test_the_quantized_head_gives_exact_logits_for_the_likely_tokens(kind):
     scale = fp32.abs().max().item()
     for greedy_only in (False, True):
         logits = head(x, greedy_only=greedy_only)
-        top = head.approx(x).float().topk(QuantizedHead.CANDIDATES, dim=-1).indices  # the candidates
+        top = head.approx(x).float().topk(QuantizedOutputLayer.CANDIDATES, dim=-1).indices  # the candidates
         assert torch.allclose(logits.gather(1, top), fp32.gather(1, top), rtol=0, atol=scale * 1e-5)
         assert torch.equal(logits.argmax(-1), fp32.argmax(-1))  # the greedy choice is the fp32 layer's
         for rows in (1, 2, 3, 7, 17):
@@ -155,7 +161,7 @@ def test_the_quantized_heads_greedy_choice_is_exact_among_any_allowed_tokens(kin
     constraint), is mostly outside them: the error bound finds it, and it is computed exactly."""
     vocab = 1024
     rng = np.random.default_rng(12)
-    head = QuantizedHead(decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN)))
+    head = QuantizedOutputLayer(decode_tensor(random_blocks(kind, rng, vocab), kind, (vocab, IN)))
     head.CANDIDATES = 2
     x = torch.randn(24, IN)
     fp32 = x @ head.rows(torch.arange(vocab)).t()
@@ -343,7 +349,10 @@ def test_the_engine_asks_for_certified_greedy_choices_with_each_pass_of_a_greedy
     """``greedy_only`` travels with the pass, never as state on a forward that several
     generations (a greedy completion, a sampled one, an idle prefill) share."""
     forward = lean(9, 4)
-    assert isinstance(forward.head, QuantizedHead) and len(forward.head.approx.packed) == 2  # Q8_0
+    assert (
+        isinstance(forward.output_layer, QuantizedOutputLayer)
+        and len(forward.output_layer.approx.packed) == 2
+    )  # Q8_0
     recorded = RecordedPass(forward)
     engine = SpeculativeEngine(lean_loaded(recorded))
     engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=3))
@@ -354,7 +363,7 @@ def test_the_engine_asks_for_certified_greedy_choices_with_each_pass_of_a_greedy
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():
-    from decoding.transformers_peer import TransformersDecoder
+    from decoding.engine.transformers_peer import TransformersDecoder
 
     engine = SpeculativeEngine(lean_loaded(lean(9, 4)))
     with pytest.raises(ValueError, match="quantization"):

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine import GenerationConfig, SpeculativeEngine
-from decoding.llama import LlamaForward
-from decoding.models import ModelLoadError, check_draft_compatible, load_model
+from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.forward.llama import LlamaForward
+from decoding.models.loading import ModelLoadError, check_draft_compatible, load_model
 
 pytestmark = pytest.mark.real_model
 
@@ -198,7 +198,7 @@ def native_kernels_model():
     """The default model on llama.cpp's kernels (``LSP_NATIVE=1``), where they are built."""
     import os
 
-    from decoding.native import kernels
+    from decoding.forward.native import kernels
 
     saved = os.environ.get("LSP_NATIVE")
     os.environ["LSP_NATIVE"] = "1"

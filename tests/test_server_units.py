@@ -7,6 +7,7 @@ import pytest
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
+from decoding.choices import DRAFTER_NAMES, QUANTIZATIONS
 from lsp_server import config
 from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
 from lsp_server.postprocess import merge_with_suffix
@@ -15,17 +16,13 @@ from lsp_server.stats import ServerStats, percentile
 # -- settings ---------------------------------------------------------------------------------------
 
 
-def test_the_drafter_names_match_the_engine():
-    from decoding.drafters import DRAFTER_NAMES
-
-    assert config.DRAFTER_NAMES == DRAFTER_NAMES
-
-
-def test_the_quantization_names_match_the_loader():
-    from decoding.models import QUANTIZATIONS
-
-    assert config.QUANTIZATIONS == QUANTIZATIONS
-    assert config.from_cli(quantization="int4").settings.quantization == "int4"
+def test_every_drafter_and_quantization_name_is_a_setting_and_no_other():
+    """The names are declared once (``decoding.choices``); the settings accept exactly them."""
+    for name in DRAFTER_NAMES:
+        assert config.from_cli(drafter=name, draft_model="a-draft").settings.drafter == name
+    for name in QUANTIZATIONS:
+        assert config.from_cli(quantization=name).settings.quantization == name
+    assert config.from_cli(drafter="eagle").problems
     assert config.from_cli(quantization="int3").problems
 
 
@@ -200,7 +197,7 @@ def test_locate_clamps_the_character_and_rejects_lines_past_the_end():
 def test_percentiles_and_generation_totals():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
-    from decoding.engine import DrafterStats, GenerationResult, GenerationStats
+    from decoding.engine.loop import DrafterStats, GenerationResult, GenerationStats
 
     stats = ServerStats()
     generation = GenerationStats(

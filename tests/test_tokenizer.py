@@ -1,4 +1,4 @@
-"""``decoding/tokenizer.py`` against transformers' fast tokenizer on the same saved files: the
+"""``decoding/models/tokenizer.py`` against transformers' fast tokenizer on the same saved files: the
 embedded model's tokenizer, on real code and on edge cases, must encode, decode and name tokens
 exactly as transformers does, and a server on the default model must not import transformers."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding.healing import token_bytes_table
-from decoding.tokenizer import LeanTokenizer
+from decoding.engine.healing import token_bytes_table
+from decoding.models.tokenizer import LeanTokenizer
 
 TEXTS = [
     "def f(x):\n    return x + 1\n",

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.models import LoadedModel
+from decoding.models.loading import LoadedModel
 
 TINY_VOCAB = 64
 

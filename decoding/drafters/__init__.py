@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from decoding.choices import DRAFTER_NAMES, DrafterName
 from decoding.drafters.auto import AutoDrafter
 from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.head import HeadDrafter, load_head_drafter
+from decoding.drafters.draft_head import HeadDrafter, load_head_drafter
 from decoding.drafters.length import CostModel
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter
-from decoding.models import LoadedModel
-
-DRAFTER_NAMES = ("none", "ngram", "head", "model", "auto")
+from decoding.models.loading import LoadedModel
 
 
 def make_drafter(
-    name: str,
+    name: DrafterName,
     *,
     draft_model: LoadedModel | None = None,
     draft_head: HeadDrafter | None = None,
@@ -68,6 +67,7 @@ __all__ = [
     "CostModel",
     "Draft",
     "Drafter",
+    "DrafterName",
     "HeadDrafter",
     "ModelDrafter",
     "NgramDrafter",

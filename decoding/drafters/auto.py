@@ -22,11 +22,11 @@ from collections.abc import Sequence
 import torch
 
 from decoding.drafters.base import Draft, Drafter, OwedText
-from decoding.drafters.head import HeadDrafter
+from decoding.drafters.draft_head import HeadDrafter
 from decoding.drafters.length import CostModel, best_draft_length
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import Match, NgramDrafter
-from decoding.verify import SamplingParams
+from decoding.engine.verify import SamplingParams
 
 
 class AutoDrafter(Drafter):

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from decoding.verify import SamplingParams
+from decoding.engine.verify import SamplingParams
 
 if TYPE_CHECKING:
     from decoding.drafters.corpus import CorpusIndex
-    from decoding.results import DrafterStats
+    from decoding.engine.results import DrafterStats
 
 
 class OwedText(Protocol):
     """What token healing still owes, as a drafter is shown it while a prompt's last word is
-    being written (``decoding.healing.Healing``)."""
+    being written (``decoding.engine.healing.Healing``)."""
 
     def allowed_after(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]] | None:
         """After the drafted ``tokens`` (allowed ones): the bytes still owed (a key for caches)

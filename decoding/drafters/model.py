@@ -22,9 +22,9 @@ import torch
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length, ema
-from decoding.kv_cache import PrefixCache, common_prefix_length
-from decoding.models import LoadedModel
-from decoding.verify import SamplingParams, sample, sampling_probs
+from decoding.engine.kv_cache import PrefixCache, common_prefix_length
+from decoding.engine.verify import SamplingParams, sample, sampling_probs
+from decoding.models.loading import LoadedModel
 
 
 class ModelDrafter(Drafter):

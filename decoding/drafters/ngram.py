@@ -29,9 +29,9 @@ import torch
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
-from decoding.kv_cache import common_prefix_length
-from decoding.results import DrafterStats
-from decoding.verify import SamplingParams
+from decoding.engine.kv_cache import common_prefix_length
+from decoding.engine.results import DrafterStats
+from decoding.engine.verify import SamplingParams
 
 
 class TokenIndex:

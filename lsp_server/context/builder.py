@@ -38,8 +38,8 @@ current file's path, with their markers) is counted like the FIM markers, outsid
 share; where it is over ``REPO_SHARE`` of the budget the prompt is the plain FIM one instead.
 
 Token healing: when the cursor is mid-word, after a space or indentation, or at a line start, the
-prompt's last token is backed up over (``decoding.healing.back_up``) and ``Prompt.healed`` holds the text
-removed; the engine makes the output start with it and returns only what follows it.
+prompt's last token is backed up over (``decoding.engine.healing.back_up``) and ``Prompt.healed``
+holds the text removed; the engine makes the output start with it and returns only what follows it.
 """
 
 from __future__ import annotations
@@ -532,7 +532,7 @@ def _healed(prefix: str, ids: list[int], tokens: Tokens) -> tuple[str, list[int]
     (token healing): its text, its ids, and the text removed, which the output must begin with."""
     if not prefix or not (prefix.endswith(HEALABLE) or _WORD_END.search(prefix)):
         return prefix, ids, ""
-    from decoding.healing import back_up
+    from decoding.engine.healing import back_up
 
     cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
     if cut.removed and len(cut.removed) < len(prefix):

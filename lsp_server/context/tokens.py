@@ -18,7 +18,7 @@ class Tokens:
     encode: Callable[[str], list[int]]  # text -> ids, no BOS/EOS
     decode: Callable[[Sequence[int]], str]  # ids -> text, special tokens kept
     vocab: Callable[[], Mapping[str, int]]  # every token's piece -> id (FIM markers are looked up here)
-    healing_index: Any = None  # decoding.healing.HealingIndex: lets healing skip special tokens
+    healing_index: Any = None  # decoding.engine.healing.HealingIndex: lets healing skip special tokens
     # Where encoding is a round trip (a remote engine's /tokenize), the counts that only choose
     # which rows fit come from this estimate; the prompt's own ids still come from ``encode``.
     estimate: Callable[[str], int] | None = None

@@ -35,7 +35,7 @@ def load_runtime(settings: Settings) -> LocalRuntime:
     """Load target (and draft) for ``settings``; raises with a message meant for the user."""
     import_decoding()
     from decoding import load_model
-    from decoding.models import check_draft_compatible, give_back_freed_memory
+    from decoding.models.loading import check_draft_compatible, give_back_freed_memory
 
     target = load_model(
         settings.model, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
@@ -59,7 +59,7 @@ def assemble_runtime(settings: Settings, target: LoadedModel, draft: LoadedModel
     and the draft model's per-document KV caches (``kv_share``)."""
     from decoding import SpeculativeEngine
     from decoding.drafters import load_head_drafter, make_drafter
-    from decoding.kv_cache import PrefixCache
+    from decoding.engine.kv_cache import PrefixCache
 
     share = kv_share(target, draft)
     total = settings.kv_cache_mb * MB

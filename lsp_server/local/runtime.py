@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threa
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine
     from decoding.drafters import Drafter, HeadDrafter
     from decoding.drafters.base import DocumentSources
-    from decoding.kv_cache import PrefixCache
-    from decoding.transformers_peer import TransformersDecoder
+    from decoding.engine.kv_cache import PrefixCache
+    from decoding.engine.transformers_peer import TransformersDecoder
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class LocalRuntime:
 
     def peer(self) -> TransformersDecoder:
         if self._peer is None:
-            from decoding.transformers_peer import TransformersDecoder
+            from decoding.engine.transformers_peer import TransformersDecoder
 
             self._peer = TransformersDecoder(self.engine, self.draft_model)
         return self._peer

@@ -78,7 +78,7 @@ def gbnf_literal(text: str) -> str:
 def prefix_grammar(prefix: str) -> str:
     """A grammar whose sentences are ``prefix`` followed by anything; after a prefix that ends in
     whitespace (the user's indentation, space or line break), not by more whitespace, as the local
-    engine's healing constraint rules (``decoding.healing``): two typed spaces never become six."""
+    engine's healing constraint rules (``decoding.engine.healing``): two typed spaces never become six."""
     if prefix[-1:] in (" ", "\t", "\n", "\r"):
         return f"root ::= {gbnf_literal(prefix)} ([^ \\t\\n\\r\\x00] [^\\x00]*)?"
     return f"root ::= {gbnf_literal(prefix)} [^\\x00]*"

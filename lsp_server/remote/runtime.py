@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from decoding.results import GenerationResult, GenerationStats
+from decoding.engine.results import GenerationResult, GenerationStats
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, Prompt
 from lsp_server.ending import Ending

@@ -9,7 +9,7 @@ and returns what was decoded so far.
 With a ``PrefixCache`` and a ``cache_key`` (the server passes the document), the cache a
 generation leaves behind serves the next one on that key: only the prompt tokens after the
 longest common prefix are prefilled. The prefill runs in chunks with the cancel check between
-them, each sized by measured time to take about as long wherever it runs (``decoding.pacing``),
+them, each sized by measured time to take about as long wherever it runs (``decoding.engine.pacing``),
 so a superseded request stops within one short chunk and what it did prefill still warms the
 cache for the next keystroke. A caller that must answer early (``GenerationConfig.answer_due``)
 gets the whole lines decoded so far, and the cache keeps the rest of what was decoded.
@@ -29,13 +29,12 @@ import torch
 
 from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.length import CostModel
-from decoding.healing import Healing, HealingIndex, PrefixConstraint, asked_fits, chain_fits
-from decoding.kv_cache import Asked, Borrowed, PrefixCache
-from decoding.models import LoadedModel
-from decoding.pacing import PREFILL_PASS_MS, PrefillPace
-from decoding.results import DrafterStats, GenerationResult, GenerationStats
-from decoding.stops import Cut, cut_at_stop, whole_lines
-from decoding.verify import (
+from decoding.engine.healing import Healing, HealingIndex, PrefixConstraint, asked_fits, chain_fits
+from decoding.engine.kv_cache import Asked, Borrowed, PrefixCache
+from decoding.engine.pacing import PREFILL_PASS_MS, PrefillPace
+from decoding.engine.results import DrafterStats, GenerationResult, GenerationStats
+from decoding.engine.stops import Cut, cut_at_stop, whole_lines
+from decoding.engine.verify import (
     Acceptance,
     SamplingParams,
     greedy_accept,
@@ -43,6 +42,7 @@ from decoding.verify import (
     sampling_probs,
     speculative_accept,
 )
+from decoding.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class GenerationConfig:
     stop_at_newline: bool = False  # end of line: the text stops before the first "\n"
     max_draft_tokens: int = 16  # a cap: drafters pick the length from acceptance and verify cost
     prefill_chunk: int = 256  # the most tokens per prefill pass; the cancel check runs between passes
-    # How long a prefill pass should take (``decoding.pacing``): passes are sized from the measured
+    # How long a prefill pass should take (``decoding.engine.pacing``): passes are sized from the measured
     # time per token. None: every pass is ``prefill_chunk`` tokens (a benchmark's one-pass prefill).
     prefill_ms: float | None = PREFILL_PASS_MS
     reuse_continuation: bool = True  # greedy: answer from a cached greedy chain the prompt lies on

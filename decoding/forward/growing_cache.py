@@ -1,6 +1,6 @@
 """A transformers ``DynamicCache`` whose layers append into spare room (``GrowingLayer``).
 
-Only transformers' forward (``decoding/forward.py``) uses it; kept apart from ``kv_cache.py`` so
+Only transformers' forward (``decoding/forward/model_pass.py``) uses it; kept apart from ``kv_cache.py`` so
 that a server on the lean forward never imports transformers' model machinery (~20 MB resident).
 """
 
@@ -15,12 +15,13 @@ class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends into spare capacity instead of concatenating.
 
     The stock layer ``torch.cat``s the whole cache on every pass: on the CPU that copy of every
-    layer's keys and values was 10% of a decode step's profile at a 448-token context, and it
-    grows with the context. Here keys and values are views of a buffer with room
-    to spare, so a pass writes only its new rows; the buffer is reallocated (by a quarter, at
-    least ``SPARE`` tokens) when it is full. Cropping stays the stock view-slicing: the rows
-    past the view are simply overwritten by the next update. transformers has no such layer
-    (``StaticLayer`` preallocates the model's whole context and attends over all of it).
+    layer's keys and values was a tenth of a decode step's profile at a few hundred tokens of
+    context (``benchmarks/README.md``), and it grows with the context. Here keys and values are
+    views of a buffer with room to spare, so a pass writes only its new rows; the buffer is
+    reallocated (by a quarter, at least ``SPARE`` tokens) when it is full. Cropping stays the stock
+    view-slicing: the rows past the view are simply overwritten by the next update. transformers
+    has no such layer (``StaticLayer`` preallocates the model's whole context and attends over all
+    of it).
     """
 
     SPARE = 128

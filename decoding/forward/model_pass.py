@@ -4,8 +4,8 @@ The engine needs three things of a model: an empty cache, a pass that feeds toke
 the cache holds and returns their next-token logits, and a cache it can crop (``crop(-n)``
 drops the last n tokens, as transformers' ``DynamicCache`` does) and measure
 (``get_seq_length()``). ``TransformersPass`` gives that for any causal LM transformers loads;
-``decoding.llama.LlamaForward`` is the lean CPU forward on quantized weights, and
-``decoding.graphed.GraphedForward`` its fixed-width CUDA-graph variant. A remote engine or another
+``decoding.forward.llama.LlamaForward`` is the lean CPU forward on quantized weights, and
+``decoding.forward.graphed.GraphedForward`` its fixed-width CUDA-graph variant. A remote engine or another
 backend is one more implementation of ``ModelPass``.
 """
 
@@ -30,7 +30,7 @@ class ModelPass(Protocol):
     vocab_size: int
     # Relative cost of a pass over n tokens, where the pass knows it (None: the device's default).
     cost_prior: dict[int, float] | None
-    # Which draft head fits this forward (``decoding.llama.LlamaForward.fingerprint``); None where
+    # Which draft head fits this forward (``decoding.forward.llama.LlamaForward.fingerprint``); None where
     # its cache keeps no hidden states for a head to read.
     fingerprint: str | None
     # The most positions one cache holds, where the forward sets a limit of its own (a graphed
@@ -58,7 +58,7 @@ class ModelPass(Protocol):
         (token healing's constraint); the argmax over them must be the exact model's.
         ``greedy_only``: the caller reads only each row's greedy choices (over all tokens and over
         ``allowed``), so a pass may leave logits that cannot be one approximate and spend its
-        time certifying the choices instead (``decoding.quant.layers.CertifiedHead``); sampling
+        time certifying the choices instead (``decoding.forward.quant.layers.CertifiedOutputLayer``); sampling
         reads every logit and passes False. Given with each pass, never kept as state, so two
         generations sharing a forward cannot change what the other's pass computes."""
 
@@ -82,7 +82,7 @@ class TransformersPass:
         return self.model.get_output_embeddings().weight[ids.to(self.device)].float()
 
     def new_cache(self) -> Any:
-        from decoding.growing_cache import new_cache
+        from decoding.forward.growing_cache import new_cache
 
         return new_cache(self.model.config)
 

@@ -1,7 +1,7 @@
 """Where ``train_head`` gets the target's hidden states from: cached shards, or a batch at a time.
 
 A training step reads, for a batch of token sequences, the target's hidden states over them
-(``decoding/head.py`` defines them). Two sources give the same batches:
+(``decoding/draft_head/network.py`` defines them). Two sources give the same batches:
 
 - ``CachedFeatures`` (the CPU's): the states computed once with the target's own quantized
   forward, the one the server runs, and kept on disk in shards (``train_head.features``). On 2
@@ -11,9 +11,9 @@ A training step reads, for a batch of token sequences, the target's hidden state
   attention. On a GPU that forward should take milliseconds a batch (a 135M model; not yet
   timed there), less than reading a shard, and the whole standard library's training side (~7M
   tokens) would be ~8 GB of shards; computed per batch, a lent GPU's few minutes can train on
-  all of it, epoch after epoch. Its states are not bit for bit the quantized forward's: on
-  stdlib code they differ by ~0.8% (relative L2; the two pick the same greedy token at 98% of
-  positions), a tenth of the noise training adds to them anyway (``--noise``). The held-out
+  all of it, epoch after epoch. Its states are not bit for bit the quantized forward's, but they
+  differ by far less than the noise training adds to them anyway (``--noise``; figures:
+  ``benchmarks/README.md``). The held-out
   report still reads the quantized forward's cached states, the ones the server's head will read.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from decoding.models import load_model
+from decoding.models.loading import load_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # tokens (batch, rows) long, hidden (batch, rows, dim) fp32
 

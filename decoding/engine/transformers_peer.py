@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from decoding.engine import (
+from decoding.engine.loop import (
     CancelCheck,
     GenerationConfig,
     GenerationResult,
@@ -24,8 +24,8 @@ from decoding.engine import (
     SpeculativeEngine,
     is_cancelled,
 )
-from decoding.models import LoadedModel
-from decoding.stops import cut_at_stop
+from decoding.engine.stops import cut_at_stop
+from decoding.models.loading import LoadedModel
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value, used by decode_bench too
 

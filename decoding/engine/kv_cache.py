@@ -15,7 +15,7 @@ continuation: the rest of the known tokens, with no model call at all. That is t
 reuse, exact by construction rather than by comparing text.
 
 A forward's own cache holds the tensors (for a transformers model, its ``DynamicCache`` with
-``decoding.growing_cache.GrowingLayer``); this module decides which cache serves a request and
+``decoding.forward.growing_cache.GrowingLayer``); this module decides which cache serves a request and
 which to evict. Entries are least-recently-used first out when the budget is exceeded, and an
 entry is lent out (removed from the store) while a generation uses it, so a cache is never
 shared by two generations. Dropping a key while its cache is lent revokes the loan: the
@@ -34,7 +34,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -49,12 +49,20 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def cache_nbytes(cache: DynamicCache) -> int:
+@runtime_checkable
+class SizedCache(Protocol):
+    """A cache that counts its own bytes (the lean forwards' caches); transformers' ``DynamicCache``
+    is counted layer by layer instead."""
+
+    def nbytes(self) -> int: ...
+
+
+def cache_nbytes(cache: DynamicCache | SizedCache) -> int:
     """Bytes the cache's tensors keep alive (a cropped layer is a view of a larger storage)."""
-    if hasattr(cache, "nbytes"):
+    if isinstance(cache, SizedCache):
         return int(cache.nbytes())
     total = 0
-    for layer in getattr(cache, "layers", ()):
+    for layer in cache.layers:
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if tensor is not None and hasattr(tensor, "untyped_storage"):
                 total += tensor.untyped_storage().nbytes()

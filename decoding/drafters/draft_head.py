@@ -1,4 +1,4 @@
-"""Drafts from a draft head (``decoding/head.py``) reading the target's own hidden states.
+"""Drafts from a draft head (``decoding/draft_head/network.py``) reading the target's own hidden states.
 
 The head's entries mirror the target's cache: entry j reads the target's hidden state f_j and
 token j+1, so once the target has fed position j the entry can be computed for good. Between
@@ -10,13 +10,12 @@ the target has not fed yet and over the tokens it drafts, and crops them off aga
 The head attends over at most ``2 * WINDOW`` entries (it was trained on ``WINDOW``). Where it
 is behind by more than ``RESTART`` tokens (a new prompt, an edit far back) it restarts from the
 last ``RESTART`` positions instead of catching up: on held-out code its agreement hardly depends
-on how many entries it sees past the first 8 (0.42-0.46 from 8 to 255), and a pass over 32
-entries takes ~1 ms against ~5 ms over 256.
+on how many entries it sees past the first 8, and a pass over 32 entries costs a fraction of one
+over 256 (figures: ``benchmarks/README.md``, "Measurements behind design choices").
 
 How far to draft: the head's probability for its own token, under the temperature fitted for it
-on held-out code (``HeadConfig.confidence_temperature``, 0.75 for the shipped head), tracks how
-often its greedy token agrees with the target's (for the shipped head: 16% of the time below
-0.1, 39% at 0.3-0.4, 96% above 0.9; ``benchmarks/head_tree.py``), so the product of those
+on held-out code (``HeadConfig.confidence_temperature``), tracks how often its greedy token
+agrees with the target's (``benchmarks/head_tree.py``), so the product of those
 probabilities is the chance that a whole chain is kept. Where ``auto`` drafts from the head it
 goes on while that chance beats what one more token costs (its share of a wider verify pass and
 a head step, ``_worth``), as EAGLE-2 sizes its drafts by confidence, and stops (possibly before
@@ -29,16 +28,14 @@ head's confidence in its best token, a sampled one by the chance that two draws 
 What a proposal costs on the CPU is reading the head's weights and its tokens' output rows:
 after a target pass has streamed ~100 MB through the caches they come from memory again. So the
 head's layers and rows run on the 4-bit kernel (``HEAD_BITS``; Q4_1 blocks of its bf16 weights,
-a quarter of bf16's bytes): an 8-token proposal took 7.3 ms against 17 ms in bf16 in real
-decodes here, for a held-out agreement of 0.617 / 0.656 / 0.705 per draft position against
-0.640 / 0.674 / 0.712 in fp32 (2.31 against 2.38 tokens per pass for a 3-token chain). And its
-q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel calls a chained step
-(fc, qkv, o, gate-up, down, scores) instead of nine; that bought only ~3% (0.96 against 0.99 ms
-a step and its scoring), the kernel's own time being most of a step. The target
+a quarter of bf16's bytes), which costs less than half bf16's time for a small loss of held-out
+agreement. And its q/k/v and gate/up run as one product each (``DraftHead.fuse``): six kernel
+calls a chained step (fc, qkv, o, gate-up, down, scores) instead of nine, which bought little,
+the kernel's own time being most of a step (figures: ``benchmarks/README.md``). The target
 verifies every draft and a sampled draft's q is the distribution its token was drawn from, so
 exactness does not depend on any of this.
 
-On a GPU (the graphed forward, ``decoding/graphed.py``) the head runs dense in bf16 on the
+On a GPU (the graphed forward, ``decoding/forward/graphed.py``) the head runs dense in bf16 on the
 target's device, reading the graphed cache's hidden states where they are; only a sampled
 draft's distribution goes to the CPU, where the engine's generator draws from it. There its steps
 run eagerly and cost more than a graphed target step (measured on an H200: the README's "On a
@@ -58,14 +55,14 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from decoding.draft_head.network import DraftHead, HeadCache, load_head, shipped_head
 from decoding.drafters.base import Draft, Drafter, OwedText
 from decoding.drafters.length import AcceptanceStats, CostModel, ema
-from decoding.forward import HiddenStates
-from decoding.head import DraftHead, HeadCache, load_head, shipped_head
-from decoding.kv_cache import common_prefix_length
-from decoding.models import LoadedModel, ModelLoadError, hub_cache_folder
-from decoding.quant.layers import SmallLinear, quantize_linears
-from decoding.verify import SamplingParams, sample, sampling_probs
+from decoding.engine.kv_cache import common_prefix_length
+from decoding.engine.verify import SamplingParams, sample, sampling_probs
+from decoding.forward.model_pass import HiddenStates
+from decoding.forward.quant.layers import SmallLinear, quantize_linears
+from decoding.models.loading import LoadedModel, ModelLoadError, hub_cache_folder
 
 log = logging.getLogger(__name__)
 
@@ -411,11 +408,11 @@ def bf16_scores_faster(rows: int, dim: int) -> bool:
     """Whether scoring a draft (rows x dim times a vector) is faster in bf16 than in fp32 here.
 
     Scoring the head's 8192 tokens is most of a draft token's cost, and it is bound by reading
-    the rows: on a CPU with bf16 instructions half the bytes take a quarter of the time (1.21 ms
-    against 0.31 ms on the 2-core AVX-512 machine, a head step being ~1.4 ms); elsewhere torch
-    emulates bf16 and is slower. No library says which, so it is timed once per process and
-    shape (a few ms). bf16 scores only choose and weigh drafts: the target verifies them, and a
-    sampled draft's q is the distribution those scores make, so exactness does not depend on it.
+    the rows: on a CPU with bf16 instructions half the bytes take a quarter of the time
+    (``benchmarks/README.md``); elsewhere torch emulates bf16 and is slower. No library says
+    which, so it is timed once per process and shape (a few ms). bf16 scores only choose and
+    weigh drafts: the target verifies them, and a sampled draft's q is the distribution those
+    scores make, so exactness does not depend on it.
     """
     generator = torch.Generator().manual_seed(0)
     matrix, vector = torch.randn(rows, dim, generator=generator), torch.randn(dim, generator=generator)

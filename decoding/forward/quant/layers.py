@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from decoding.quant.gguf_blocks import GROUP, Int4Term, QuantTensor, quantize_dense
+from decoding.forward.quant.gguf_blocks import GROUP, Int4Term, QuantTensor, quantize_dense
 
 INT4_N_MULTIPLE = 16  # the kernel packs output rows in groups of 16
 MIN_DENSE_ROWS = 16  # fewer rows than this are padded (see DenseLinear)
@@ -107,7 +107,7 @@ class DenseLinear(torch.nn.Module):
         return self.weight.nbytes
 
 
-class DenseHead(DenseLinear):
+class DenseOutputLayer(DenseLinear):
     """A dense output layer: exact logits for every token, whatever a row allows."""
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
@@ -120,7 +120,7 @@ class DenseHead(DenseLinear):
         return super().forward(x)
 
 
-class CertifiedHead(torch.nn.Module):
+class CertifiedOutputLayer(torch.nn.Module):
     """An output layer whose logits are approximate, with exact fp32 logits wherever they decide
     anything: the greedy choice is always the exact layer's.
 
@@ -227,15 +227,15 @@ class CertifiedHead(torch.nn.Module):
             logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
 
 
-class QuantizedHead(CertifiedHead):
-    """The output layer on torch's 4-bit kernel (``CertifiedHead``).
+class QuantizedOutputLayer(CertifiedOutputLayer):
+    """The output layer on torch's 4-bit kernel (``CertifiedOutputLayer``).
 
     The output layer is the largest product of a step (49152 x 576 for SmolLM2): dense fp32 it
-    streams 113 MB a step, several times what the 4-bit kernel reads. But the kernel returns
-    bf16, whose rounding of logits near 20 (steps of 1/8) changes the greedy choice at ~2.5% of
-    positions: hence exact candidates. The bound (``_error_bound``: the kernel's weights against
-    the file's, bf16 activations, bf16 results) needs both terms of a Q8_0 layer: the leading
-    4-bit term alone is off by a logit on average, and its bound would send most of the
+    streams 113 MB a step, several times what the 4-bit kernel reads. But the kernel returns bf16,
+    whose rounding of logits near 20 (steps of 1/8) changes the greedy choice at some positions
+    (``benchmarks/README.md``): hence exact candidates. The bound (``_error_bound``: the kernel's
+    weights against the file's, bf16 activations, bf16 results) needs both terms of a Q8_0 layer:
+    the leading 4-bit term alone is off by a logit on average, and its bound would send most of the
     vocabulary to exact recomputation (``benchmarks/head_ranking.py`` counts the tokens
     recomputed). The same table serves the input embedding lookup.
     """

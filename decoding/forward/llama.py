@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from decoding.native import Kernels, NativeHead, NativeLinear, Weight, kernels, kernels_for
-from decoding.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
-from decoding.quant.layers import (
+from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
+from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
+from decoding.forward.quant.layers import (
     INT4_N_MULTIPLE,
-    CertifiedHead,
-    DenseHead,
-    QuantizedHead,
+    CertifiedOutputLayer,
+    DenseOutputLayer,
+    QuantizedOutputLayer,
     concat_rows,
     linear_for,
 )
@@ -197,7 +197,7 @@ class KVCache:
         self.kv = self._buffer(max(capacity, self.SPARE))
         self._layers = list(self.kv)  # each layer's view, made once: not a select per layer per pass
         # The last layer's output after the final norm at every position: what a draft head
-        # (``decoding/head.py``) reads. 1/40 of the keys' and values' size.
+        # (``decoding/draft_head/network.py``) reads. 1/40 of the keys' and values' size.
         self.hidden = torch.zeros(self.capacity, shape.dim)
 
     def _buffer(self, capacity: int) -> torch.Tensor:
@@ -253,10 +253,11 @@ class LlamaForward:
         embed: Embedding,
         layers: list[LlamaLayer],
         norm: torch.Tensor,
-        head: torch.nn.Module,
+        output_layer: torch.nn.Module,
         native: Kernels | None = None,
     ) -> None:
-        self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
+        self.shape, self.embed, self.layers, self.norm = shape, embed, layers, norm
+        self.output_layer = output_layer
         self.formats = ""  # where the weights came from, for logs and stats (e.g. "F32+Q4_1+Q8_0")
         self.cost_prior = dict(COST_PRIOR)
         self.max_context: int | None = None  # its cache grows: the model's context is the limit
@@ -285,7 +286,7 @@ class LlamaForward:
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the output layer, fp32 (a quantized layer's dequantized)."""
-        return self.head.rows(ids)
+        return self.output_layer.rows(ids)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -298,9 +299,9 @@ class LlamaForward:
 
     def nbytes(self) -> int:
         """Bytes of weights (the tied embedding counted once)."""
-        total = self.norm.nbytes + self.head.nbytes()
+        total = self.norm.nbytes + self.output_layer.nbytes()
         table = getattr(self.embed, "table", None)
-        if table is not None and table is not getattr(self.head, "weight", None):
+        if table is not None and table is not getattr(self.output_layer, "weight", None):
             total += table.nbytes
         for layer in self.layers:
             total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes
@@ -334,7 +335,7 @@ class LlamaForward:
         cache.length = end
         normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
         cache.hidden[start:end] = normed
-        return self.head(normed[-keep:] if keep else normed, allowed, greedy_only)
+        return self.output_layer(normed[-keep:] if keep else normed, allowed, greedy_only)
 
     def _attention(
         self,
@@ -415,8 +416,8 @@ def attention_row_floor(kv_heads: int, head_dim: int) -> int:
     ``LlamaForward._attention``, with its shapes and layouts (queries fresh and contiguous, keys
     and values a slice of a larger cache), for each row count in ``PROBE_ROWS`` against a pass of
     ``PROBE_REFERENCE_ROWS``. A fixed padding would be either too small for some CPU (speculative
-    output then differs from plain decoding) or costly everywhere (16 rows where this CPU needs 4:
-    a step ~18% dearer).
+    output then differs from plain decoding) or costly everywhere (16 rows where a CPU needs 4
+    make every step dearer).
     """
     generator = torch.Generator().manual_seed(0)
     spans = (KEY_BLOCK, 2 * KEY_BLOCK, 4 * KEY_BLOCK)
@@ -666,9 +667,9 @@ class GgufWeights:
 
 def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     """The model in a GGUF file, its quantized blocks kept as they are where a kernel takes them;
-    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/graphed.py``."""
+    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/forward/graphed.py``."""
     file = GgufWeights(path, dense)
-    # The output layer: certified exact greedy choices (``CertifiedHead``) on the native kernels
+    # The output layer: certified exact greedy choices (``CertifiedOutputLayer``) on the native kernels
     # or the 4-bit kernel where its type allows, else dense fp32 (exact for every type). Tied
     # embeddings are looked up in the same table.
     tied = "output.weight" not in file.index
@@ -679,7 +680,7 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
         if file.native is not None and file.native.supports(table.kind):
             embed = functools.partial(file.native.rows, table.kind, table.blocks, width=table.width)
     else:
-        embed = head.rows if isinstance(head, CertifiedHead) else DenseEmbedding(head.weight)
+        embed = head.rows if isinstance(head, CertifiedOutputLayer) else DenseEmbedding(head.weight)
     forward = _assemble(file.shape, file.linear, file.vector, embed, head, file.optional, file.native)
     forward.formats = "+".join(sorted({t.kind.name for t in file.index.values()}))
     return forward
@@ -688,14 +689,14 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
 def _output_layer(native: Kernels | None, weight: Weight, dense: bool) -> torch.nn.Module:
     """The output layer for ``weight``: on the native kernels where its bound can be told, else
     on the 4-bit kernel where the type has 4-bit terms, else dense fp32."""
-    if native is not None and NativeHead.fits(native, weight):
-        return NativeHead(native, weight)
+    if native is not None and NativeOutputLayer.fits(native, weight):
+        return NativeOutputLayer(native, weight)
     tensor = decode_tensor(
         weight.blocks, GGMLQuantizationType(weight.kind), (weight.out_features, weight.width)
     )
     if not dense and tensor.terms is not None and tensor.shape[0] % INT4_N_MULTIPLE == 0:
-        return QuantizedHead(tensor)
-    return DenseHead(torch.from_numpy(tensor.dense()))
+        return QuantizedOutputLayer(tensor)
+    return DenseOutputLayer(torch.from_numpy(tensor.dense()))
 
 
 TRANSFORMERS_TYPES = ("llama", "qwen2", "qwen3")  # model types with the lean forward's layout
@@ -783,10 +784,10 @@ def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
     table = model.model.embed_tokens.weight.detach().float().clone()
     if bits and head_weight.shape[0] % INT4_N_MULTIPLE == 0 and head_weight.shape[1] % 32 == 0:
         # As GGUF files keep it: the output layer in 8 bits (Q8_0), whatever the rest.
-        head: torch.nn.Module = QuantizedHead(quantize_dense(head_weight.numpy(), 8))
+        head: torch.nn.Module = QuantizedOutputLayer(quantize_dense(head_weight.numpy(), 8))
         embed: Embedding = head.rows if tied else DenseEmbedding(table)
     else:
-        head = DenseHead(head_weight)
+        head = DenseOutputLayer(head_weight)
         embed = DenseEmbedding(head.weight if tied else table)
     forward = _assemble(shape, _torch_linear(weight), vector, embed, head, optional, kernels())
     forward.formats = f"int{bits}" if bits else "F32"

@@ -12,7 +12,7 @@ output after the final norm, what the output layer reads; ``KVCache.hidden`` kee
 The weights are named and laid out as EAGLE-1 publishes them (``fc`` with a bias, ``layers.0.*``
 as in transformers' Llama with rotate-half rotary, no input norm on the first layer, no final
 norm), so a published head for another Llama loads the same way; this project's own head
-(``python -m decoding.train_head``) adds the first layer's input norm and scores only the
+(``python -m decoding.draft_head.training``) adds the first layer's input norm and scores only the
 ``vocab`` most frequent tokens (the output layer over 49k tokens would cost more than the layer).
 
 Written by hand: no library runs an EAGLE head over this project's lean forward on the CPU
@@ -32,15 +32,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHIPPED = Path(__file__).parent / "heads"  # heads that ship with the package, one folder each
+SHIPPED = Path(__file__).parent / "weights"  # heads that ship with the package, one folder each
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 
 
 # On CUDA, torch prefers cuDNN's attention on Hopper (sm90, cuDNN > 9.15), which builds an
 # execution plan the first time it meets each shape. A drafting head attends over one more entry
-# every step, so nearly every step met a new shape: on an H200 a pass with the head took 30-80 ms
-# on prompts it had not seen, and a few ms on the same prompts a second time. Its attention is
+# every step, so nearly every step met a new shape: on an H200 a pass with the head took many
+# times longer on prompts it had not seen than on the same prompts a second time
+# (``benchmarks/README.md``, the GPU section). Its attention is
 # tiny (a few rows over at most 512 entries): the other kernels serve it without plans. (Read
 # from torch's ``sdp_utils.cpp`` and those timings; not yet measured with this change on a GPU.)
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

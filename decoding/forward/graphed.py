@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from decoding.llama import LlamaForward, LlamaShape
+from decoding.forward.llama import LlamaForward, LlamaShape
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,9 @@ class GraphedForward:
         self.formats = f"{lean.formats} as {str(dtype).removeprefix('torch.')} on {device.type}"
         self.layers = [_layer(layer, device, dtype) for layer in lean.layers]
         self.final_norm = lean.norm.to(device, dtype)
-        self.output = lean.head.weight.to(device, dtype)
+        self.output = lean.output_layer.weight.to(device, dtype)
         table = getattr(lean.embed, "table", None)
-        tied = table is None or table.data_ptr() == lean.head.weight.data_ptr()
+        tied = table is None or table.data_ptr() == lean.output_layer.weight.data_ptr()
         self.table = self.output if tied else table.to(device, dtype)
         self.rotary = lean.rotary[: self.capacity].to(device)
         self.head_scale = lean.head_scale.to(device)

@@ -1,4 +1,4 @@
-"""``python -m decoding.train_head``: train a draft head (``decoding/head.py``) for a target model.
+"""``python -m decoding.draft_head.training``: train a draft head (``network.py``) for a target model.
 
 1. **Corpus**: the Python standard library's sources by default, split by file: a file is held out
    (``held_out``) when a hash of its path falls in the last tenth, and the project's benchmarks
@@ -7,7 +7,7 @@
    the target's own forward (the quantized one the server runs) and cached on disk in shards, so
    an interrupted run resumes where it stopped and a run over more tokens computes only the new ones.
    On a GPU (``--device cuda``) each batch's states are computed as it is drawn instead
-   (``decoding/head_features.py`` says why and what that changes).
+   (``decoding/draft_head/features.py`` says why and what that changes).
 3. **Training**: the head reads f_j and token j+1 and regresses f_{j+1} (smooth L1) while its
    scores over the head's vocabulary match the target's own distribution there (cross-entropy
    against the softmax of the target's output layer on f_{j+1}); ``--depth`` chained passes train
@@ -42,7 +42,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from decoding.head import (
+from decoding.draft_head.features import (
+    BatchFeatures,
+    CachedFeatures,
+    FeatureSource,
+    shard_batches,
+    shard_sequences,
+)
+from decoding.draft_head.network import (
     DraftHead,
     HeadCache,
     HeadConfig,
@@ -51,16 +58,9 @@ from decoding.head import (
     load_head,
     shipped_head,
 )
-from decoding.head_features import (
-    BatchFeatures,
-    CachedFeatures,
-    FeatureSource,
-    shard_batches,
-    shard_sequences,
-)
-from decoding.models import LoadedModel, cache_root, load_model
+from decoding.models.loading import LoadedModel, cache_root, load_model
 
-log = logging.getLogger("decoding.train_head")
+log = logging.getLogger("decoding.draft_head.training")
 
 SHARD_SEQUENCES = 32
 
@@ -117,7 +117,10 @@ class Target:
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's own greedy next token after each hidden state (its full output layer)."""
         return torch.cat(
-            [self.model.forward.head(chunk, greedy_only=True).argmax(-1) for chunk in hidden.split(256)]
+            [
+                self.model.forward.output_layer(chunk, greedy_only=True).argmax(-1)
+                for chunk in hidden.split(256)
+            ]
         )
 
 
@@ -346,11 +349,11 @@ def train_step(head, optimizer, target: Target, tokens, hidden, rows_out, args, 
 
 def use_bf16(precision: str, dim: int, device: torch.device) -> bool:
     """Whether to train under bf16 autocast: asked for, or (``auto``) on an accelerator, and
-    where this CPU multiplies in bf16 faster than in fp32 (about twice as fast on the AVX-512
-    machine, which is what makes more than a few epochs fit in a session there). The weights,
+    where this CPU multiplies in bf16 faster than in fp32 (on a CPU with bf16 instructions, what
+    makes more than a few epochs fit in a session). The weights,
     the optimizer and the report stay fp32."""
     if precision == "auto":
-        from decoding.drafters.head import bf16_scores_faster
+        from decoding.drafters.draft_head import bf16_scores_faster
 
         return device.type != "cpu" or bf16_scores_faster(8192, dim)
     return precision == "bf16"
@@ -390,8 +393,8 @@ def fit_confidence_temperature(head: DraftHead, target: Target, shards: list[Pat
     """The temperature under which the head's probability for its first draft best predicts
     whether the target agrees (least log loss of that yes/no over held-out positions, on a grid):
     what ``HeadDrafter`` multiplies into the chance that a chain is kept. Training for the
-    target's full distribution leaves the head under-confident in its first choice (right 93%
-    of the time where it says 0.8-0.9, before this), so without it drafts stop early."""
+    target's full distribution leaves the head under-confident in its first choice (right far
+    more often than it says; ``benchmarks/head_tree.py``), so without it drafts stop early."""
     rows_out = target.model.forward.output_rows(head.vocab)
     loss = torch.zeros(len(TEMPERATURES))
     for tokens, hidden in shard_batches(shards, 8, 0):
@@ -438,7 +441,9 @@ def starting_head(args: argparse.Namespace, target: Target, source: FeatureSourc
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m decoding.train_head", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m decoding.draft_head.training", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", default="default", help="the target (default: the embedded SmolLM2)")
     parser.add_argument(
         "--corpus", type=Path, default=None, help="a folder of Python files (default: the stdlib)"
@@ -490,7 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def training_source(args: argparse.Namespace, target: Target, root: Path) -> FeatureSource:
-    """Where the training batches come from (``decoding/head_features.py``): shards cached on
+    """Where the training batches come from (``decoding/draft_head/features.py``): shards cached on
     disk for the CPU; on an accelerator (or with ``--features batch``) the states of each batch
     computed as it is drawn. No shards where nothing is trained (``--epochs 0``)."""
     on_cpu = torch.device(args.device).type == "cpu"

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the prompt builder backs prompts up here on a remote server
     import torch
 
     from decoding.drafters.base import Draft
-    from decoding.kv_cache import Chain
+    from decoding.engine.kv_cache import Chain
 
 MAX_BACKUP_TOKENS = 3  # only to step over a character split between tokens
 BLANK = (b" ", b"\t", b"\n", b"\r")
@@ -431,8 +431,8 @@ def asked_fits(chain: Chain | None, prompt: list[int], required: str) -> bool:
     on inside the healed word (at ``self.le`` the prompt ends at ``self`` and owes ``.le``; at
     ``self.lev`` it is the same prompt owing ``.lev``): where ``required`` extends the text that
     request owed, each set of tokens it allows is within the set that request's choice was the
-    best of, so where that choice is allowed it is the best of this set too. In the keystroke
-    replay a third of all target passes went to decoding such prompts again. Asked only where
+    best of, so where that choice is allowed it is the best of this set too. The keystroke replay
+    spent a large share of its target passes decoding such prompts again. Asked only where
     ``chain_fits`` held: it has checked these very tokens against ``required``."""
     if chain is None or chain.asked is None or chain.greedy_from is None:
         return False

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from decoding.engine.results import StopReason
+
 Decode = Callable[[Sequence[int]], str]
 StopWhen = Callable[[str], int | None]
 
@@ -22,7 +24,7 @@ class Cut(NamedTuple):
 
     tokens: list[int]
     text: str
-    reason: str | None
+    reason: StopReason | None
     consumed: int
 
 

@@ -19,7 +19,7 @@ Spec forms resolved here (``resolve_model_spec``; an existing path always wins o
 Nothing here downloads anything or loads weights: directories, JSON manifests and GGUF headers
 (memory-mapped by the ``gguf`` package's reader) are all that is read. ``gguf_facts`` is the one
 place that decides whether a file runs on the fast path: it asks the lean forward's own shape
-check (``decoding.llama.gguf_shape``), so the answer follows that forward's coverage as it grows.
+check (``decoding.forward.llama.gguf_shape``), so the answer follows that forward's coverage as it grows.
 """
 
 from __future__ import annotations
@@ -537,11 +537,11 @@ def _choices(names: Iterable[str]) -> str:
 
 def gguf_facts(path: Path) -> GgufFacts:
     """A GGUF file's architecture and quantization types, and whether the lean forward takes it:
-    the answer of ``decoding.llama.gguf_shape`` (what ``from_gguf`` asks before loading, so a
+    the answer of ``decoding.forward.llama.gguf_shape`` (what ``from_gguf`` asks before loading, so a
     ``no`` here is a load that falls back to transformers' forward). Reads the header only."""
     from gguf import GGUFReader, LlamaFileType
 
-    from decoding.llama import UnsupportedModel, gguf_shape
+    from decoding.forward.llama import UnsupportedModel, gguf_shape
 
     try:
         reader = GGUFReader(str(path))

@@ -1,0 +1,8 @@
+"""The target's forward pass behind ``ModelPass`` (``model_pass``), in three implementations.
+
+``TransformersPass`` runs any causal LM transformers loads; ``llama`` is the lean CPU forward on a
+GGUF's own quantized blocks (``quant``; llama.cpp's kernels in ``native`` where built), with an
+output layer that certifies its greedy choices exact; ``graphed`` is its fixed-width variant
+captured in CUDA graphs. The caches they hand out are what the engine crops and the prefix store
+keeps; nothing here knows about drafting.
+"""
