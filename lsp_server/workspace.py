@@ -9,7 +9,7 @@ and ``workspace/didChangeWatchedFiles`` re-read or drop single files.
 Tokenizing runs on the decode worker as idle-time jobs, like the open documents' indexing in
 ``sources.py``: the tokenizer is the engine's and is not shared across threads, and any request
 pre-empts the job between files. The index (``decoding.drafters.corpus.CorpusIndex``, a suffix
-array: ~0.5 s for 2M tokens) is then built on a thread of its own, so that a request arriving
+array, ``benchmarks/corpus_bench.py``) is then built on a thread of its own, so that a request arriving
 meanwhile does not wait for it, and replaces the drafter's old one whole; until then the old one
 serves.
 

@@ -105,7 +105,7 @@ class GraphedForward:
         self.layers = [_layer(layer, device, dtype) for layer in lean.layers]
         self.final_norm = lean.norm.to(device, dtype)
         self.output = lean.output_layer.weight.to(device, dtype)
-        table = getattr(lean.embed, "table", None)
+        table = lean.embedding_table
         tied = table is None or table.data_ptr() == lean.output_layer.weight.data_ptr()
         self.table = self.output if tied else table.to(device, dtype)
         self.rotary = lean.rotary[: self.capacity].to(device)

@@ -1,7 +1,7 @@
 """A transformers ``DynamicCache`` whose layers append into spare room (``GrowingLayer``).
 
 Only transformers' forward (``decoding/forward/model_pass.py``) uses it; kept apart from ``kv_cache.py`` so
-that a server on the lean forward never imports transformers' model machinery (~20 MB resident).
+that a server on the lean forward never imports transformers' model machinery (and its memory).
 """
 
 from __future__ import annotations

@@ -297,11 +297,18 @@ class LlamaForward:
         digest.update(self.output_rows(torch.arange(min(16, s.vocab))).detach().float().numpy().tobytes())
         return f"{s.layers}x{s.dim}x{s.vocab}:{digest.hexdigest()[:16]}"
 
+    @property
+    def embedding_table(self) -> torch.Tensor | None:
+        """The fp32 embedding table where it is kept dense; None where rows are looked up in the
+        GGUF's blocks or in the quantized output layer."""
+        return self.embed.table if isinstance(self.embed, DenseEmbedding) else None
+
     def nbytes(self) -> int:
         """Bytes of weights (the tied embedding counted once)."""
         total = self.norm.nbytes + self.output_layer.nbytes()
-        table = getattr(self.embed, "table", None)
-        if table is not None and table is not getattr(self.output_layer, "weight", None):
+        table = self.embedding_table
+        tied = isinstance(self.output_layer, DenseOutputLayer) and table is self.output_layer.weight
+        if table is not None and not tied:
             total += table.nbytes
         for layer in self.layers:
             total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes

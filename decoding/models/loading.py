@@ -171,7 +171,7 @@ def file_sha256(path: Path) -> str:
 
 def _import_transformers():
     """transformers, imported only where a load needs it (a GGUF's lean forward and cached
-    tokenizer do not: ~20 MB resident saved), with its progress bars off (noise on stderr)."""
+    tokenizer do not: its resident memory saved), with its progress bars off (noise on stderr)."""
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - an install problem, reported clearly
@@ -290,7 +290,7 @@ def _staged(target: Path, prefix: str) -> Iterator[Path]:
 def _plain_config(path: Path) -> SimpleNamespace:
     """``config.json`` as attributes. The lean forward reads its shapes from the GGUF itself, and
     ``LoadedModel`` only the end-of-sequence ids and the context length from this; transformers'
-    config classes would import ~1000 modules (torch.distributed, sympy: ~80 MB resident) for it."""
+    config classes would import a thousand modules (torch.distributed, sympy) for it."""
     return SimpleNamespace(**json.loads(path.read_text(encoding="utf-8")))
 
 
@@ -345,7 +345,7 @@ def _graphed(lean: Any, tokenizer: Any, config: Any, device: torch.device, dtype
 
 def give_back_freed_memory() -> None:
     """Return the heap that loading freed to the OS (glibc keeps it otherwise: unpacking the blocks
-    and the tokenizer's load leave ~80 MB of a ready server's resident memory). No library call
+    and the tokenizer's load leave a large share of a ready server's resident memory). No library call
     does this; a no-op off glibc. Call it again after other load-time work (it trims every
     thread's arena, not only the caller's)."""
     with contextlib.suppress(OSError, AttributeError):

@@ -26,7 +26,7 @@ few, which is what KV-cache reuse needs.
 
 Across lines the rows are kept too (``Shown``): rows chosen afresh for each new line would often
 drop a distant unit to make room for the line just typed, and the prompt would then differ from
-its first rows on, a prefill of the whole prompt (~0.5-1 s on a laptop CPU) at the moment the
+its first rows on, a prefill of the whole prompt (the slowest thing a request does) at the moment the
 user pauses at a line's start. So while typing goes on below the rows the last prompt showed and
 leaves them as they were, the next prompt shows the same rows plus those typed since; only when
 that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than the budget, which

@@ -7,7 +7,7 @@ exactly as a one-token step would. ``tests/test_quant.py`` checks it for both la
 rows.
 
 - ``Int4Linear``: a sum of ``Int4Term``s packed for ``_weight_int4pack_mm_for_cpu``. That kernel
-  takes bf16 activations (fp32 and fp16 inputs run a scalar path ~25x slower), accumulates in
+  takes bf16 activations (fp32 and fp16 inputs run a far slower scalar path), accumulates in
   fp32 and returns bf16; its per-row arithmetic does not depend on the row count.
 - ``DenseLinear``: fp32 weights computed as ``weight @ x.T``, MKL's path that stays both fast
   for a few rows and batch-invariant (``F.linear`` switches kernels with the row count) from
