@@ -66,9 +66,10 @@ def test_weights_side_by_side_fill_one_output():
     assert torch.equal(joined(x), alone)
 
 
-def test_attention_is_softmax_attention_and_each_row_alone():
+@pytest.mark.parametrize("dim", [32, 64, 72, 128])  # the vectorized sums, and a tail past them
+def test_attention_is_softmax_attention_and_each_row_alone(dim):
     torch.manual_seed(0)
-    heads, kv_heads, dim, capacity = 6, 2, 32, 512
+    heads, kv_heads, capacity = 6, 2, 512
     cache = torch.randn(2 * kv_heads, capacity, dim)
     q = torch.randn(40, heads, dim) * 0.2
     start = 300

