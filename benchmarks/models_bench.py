@@ -11,7 +11,8 @@ round by round; each figure is the median over rounds.
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
 as the laptops most people have; the peer then runs the llama-server built for AVX2
-(``LLAMA_SERVER_BIN`` may name one), else it is skipped. Models: ``default``, any GGUF path, or
+(``python -m benchmarks.llama_server --build --variant avx2``; ``LLAMA_SERVER_BIN`` may name
+one), else it is skipped. Models: ``default``, any GGUF path, or
 a shape-true replica (``benchmarks/replicas.py``, e.g. ``qwen2.5-coder-0.5b:Q4_K_M``)::
 
     python -m benchmarks.models_bench [--models default,qwen2.5-coder-0.5b:Q4_K_M] [--isa avx2]
@@ -105,14 +106,12 @@ def _rss_mb(pid: int) -> float:
 def run_peer(path: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any] | None:
     """llama-server on the same file: load, then one prompt of ``context`` random tokens with 32
     tokens to decode (its own timings), cache off."""
-    from benchmarks.llama_server import LlamaServer, LlamaServerError
+    from benchmarks.llama_server import LlamaServer, LlamaServerError, llama_server_binary
 
-    binary = os.environ.get("LLAMA_SERVER_BIN")
-    if args.isa == "avx2" and not binary:
-        return None
     started = time.perf_counter()
     try:
-        server = LlamaServer(path, binary=Path(binary) if binary else None, threads=2, context=4096).start()
+        binary = llama_server_binary(build=args.isa == "native", variant=args.isa)
+        server = LlamaServer(path, binary=binary, threads=2, context=4096).start()
     except LlamaServerError as exc:
         print(f"llama-server: {exc}", file=sys.stderr)
         return None

@@ -163,3 +163,18 @@ def tokenize(server: llama_server.LlamaServer, text: str) -> list[int]:
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.loads(answer.read())["tokens"]
+
+
+def test_each_llama_cpp_build_variant_is_cached_apart(tmp_path, monkeypatch):
+    """The AVX2-only llama-server (the same-ISA peer of ``models_bench --isa avx2``) is a build of
+    its own: its folder, its options, and a message that says how to make it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("LLAMA_SERVER_BIN", raising=False)
+    native, avx2 = llama_server.cache_dir(), llama_server.cache_dir(variant="avx2")
+    assert avx2 != native and avx2.name == f"{native.name}-avx2"
+    assert "-DGGML_NATIVE=OFF" in llama_server.VARIANTS["avx2"]
+    assert not any("AVX512" in option for option in llama_server.VARIANTS["avx2"])
+    with pytest.raises(llama_server.LlamaServerError, match="--variant avx2"):
+        llama_server.llama_server_binary(build=False, variant="avx2")
+    with pytest.raises(llama_server.LlamaServerError, match="unknown variant"):
+        llama_server.build_llama_cpp([llama_server.SERVER], variant="avx512")
