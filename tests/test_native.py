@@ -56,6 +56,20 @@ def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
         assert torch.equal(layer(x[first : first + rows]), full[first : first + rows]), rows
 
 
+@pytest.mark.parametrize("out", [1, 15, 17, 50, 337])
+def test_every_output_is_written_whatever_the_threads_shares(out):
+    """The threads split a weight's rows into contiguous shares of 16-row chunks, then help with
+    what is left of the others': any row count (one chunk, a partial last one, shares of unequal
+    length) comes out whole, into an output whose unwritten values would be NaN."""
+    w, dense = weight(QType.Q4_K, np.random.default_rng(out), out)
+    x = torch.randn(3, IN)
+    got = torch.full((3, out + 2), float("nan"))
+    NATIVE.matmul(w.kind, w.blocks, x, got, 1)
+    want = x @ torch.from_numpy(dense).t()
+    assert got[:, 0].isnan().all() and got[:, -1].isnan().all()  # nothing outside its columns
+    assert ((got[:, 1:-1] - want).abs() <= 0.02 * want.abs().max()).all()
+
+
 def test_weights_side_by_side_fill_one_output():
     """q, k and v of different types (a Q4_K_M file keeps v in Q6_K) in one product."""
     rng = np.random.default_rng(5)
@@ -121,21 +135,27 @@ def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
 
 
 @pytest.mark.parametrize(
-    "kind,setting,native",
+    "kind,setting,isa,native",
     [
-        (QType.Q8_0, None, False),  # Q4_0/Q4_1/Q8_0 files: torch's batched 4-bit kernel by default
-        (QType.Q5_0, None, True),  # 5-bit blocks (and K-quants): llama.cpp's kernels by default
-        (QType.Q5_0, "0", False),
-        (QType.Q8_0, "1", True),
+        (QType.Q8_0, None, "AVX512", False),  # Q4_0/Q4_1/Q8_0 files with AVX-512: torch's batched kernel
+        (QType.Q8_0, None, "AVX2", True),  # the same file where torch has only AVX2: llama.cpp's
+        (QType.Q5_0, None, "AVX512", True),  # 5-bit blocks (and K-quants): llama.cpp's kernels
+        (QType.Q5_0, "0", "AVX2", False),
+        (QType.Q8_0, "1", "AVX512", True),
     ],
 )
-def test_each_file_takes_the_kernels_its_types_run_fastest_on(kind, setting, native, tmp_path, monkeypatch):
-    """The choice is the file's (and ``LSP_NATIVE``'s), never a timing: products, attention and
-    output layer all on the chosen kernels, and the forward computes the model either way."""
+def test_each_file_takes_the_kernels_its_types_run_fastest_on(
+    kind, setting, isa, native, tmp_path, monkeypatch
+):
+    """The choice is the file's, the CPU's instruction set's (as torch reports it) and
+    ``LSP_NATIVE``'s, never a timing: products, attention and output layer all on the chosen
+    kernels, and the forward computes the model either way."""
+    from decoding.forward import native as native_module
     from decoding.forward.llama import from_gguf
     from decoding.forward.native import kernels
     from tests.test_architectures import VOCAB, tiny, write_gguf
 
+    monkeypatch.setattr(native_module, "torch_capability", lambda: isa)
     if setting is None:
         monkeypatch.delenv("LSP_NATIVE", raising=False)
     else:

@@ -182,15 +182,17 @@ def test_cli_reports_bad_input_clearly(tmp_path):
 
 def test_the_default_model_keeps_its_quantized_blocks(default_model, fp32_model):
     """``quantization: auto`` serves the GGUF's Q4_1/Q8_0 blocks; its greedy choices agree with the
-    dequantized fp32 model's at nearly every position of real code (they differ only by bf16
-    activations inside the quantized products)."""
+    dequantized fp32 model's at nearly every position of real code (they differ only by the
+    activations inside the quantized products: bf16 on torch's kernels, the choice with AVX-512;
+    8-bit blocks, as llama.cpp's, on the native kernels that serve the file elsewhere)."""
     assert default_model.quantization == "F32+Q4_1+Q8_0"
     assert default_model.forward.nbytes() < 150 * 2**20  # ~128 MB, against ~540 MB in fp32
     engine = SpeculativeEngine(default_model)
     ids = engine.encode((STDLIB / "textwrap.py").read_text()[:5000])[:400]
     quantized = default_model.forward(ids, default_model.forward.new_cache()).argmax(-1)
     dense = fp32_model.forward(ids, fp32_model.forward.new_cache()).argmax(-1)
-    assert (quantized == dense).float().mean() > 0.97
+    floor = 0.97 if default_model.forward.native is None else 0.95
+    assert (quantized == dense).float().mean() > floor
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,13 @@ each output is computed the same whatever the rows of a pass: batch-invariant by
 as the lean forward needs. Where rounding enters: the activations, quantized to the weight
 type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
-Chosen per file (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster and in
-about half the memory of torch's terms; a file of Q4_0/Q4_1/Q8_0 blocks stays on torch's
-batched 4-bit kernel, which beat one kernel call per output row on those
-(``benchmarks/models_bench.py`` runs both against llama-server). ``LSP_NATIVE=1`` or ``0``
-forces either; ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from
-the cached build.
+Chosen per file and CPU (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster
+and in about half the memory of torch's terms, and so does every file where torch runs without
+its AVX-512 kernels; a file of Q4_0/Q4_1/Q8_0 blocks on an AVX-512 CPU stays on torch's batched
+4-bit kernel, whose passes over several rows (verify, prefill) beat one kernel call per output
+row there (``benchmarks/models_bench.py`` runs both against llama-server). ``LSP_NATIVE=1`` or
+``0`` forces either; ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process
+from the cached build.
 """
 
 from __future__ import annotations
@@ -153,11 +154,18 @@ def built_kernels(variant: str = "native") -> Kernels | None:
     return Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
 
 
-# GGUF types whose files torch's 4-bit kernel serves by default: one 4-bit term a weight (Q4_0,
-# Q4_1), or Q8_0's two beside them, as in the default model, where torch's batched kernel beat
-# llama.cpp's called per output. Any other type (5-bit and K-quants as padded or extra terms,
-# 16-bit floats as dense fp32) makes llama.cpp's kernels the faster and smaller choice.
+# GGUF types whose files torch's 4-bit kernel serves by default on an AVX-512 CPU: one 4-bit
+# term a weight (Q4_0, Q4_1), or Q8_0's two beside them, as in the default model, where torch's
+# batched kernel runs verify passes and prefill faster than llama.cpp's called per output. Any
+# other type (5-bit and K-quants as padded or extra terms, 16-bit floats as dense fp32), or a CPU
+# where torch has only its AVX2 kernels (no faster than fp32 there), makes llama.cpp's kernels
+# the faster choice.
 TORCH_KINDS = frozenset({0, 2, 3, 8})  # F32, Q4_0, Q4_1, Q8_0
+
+
+def torch_capability() -> str:
+    """The instruction set torch's CPU kernels run with (``ATEN_CPU_CAPABILITY`` lowers it)."""
+    return torch.backends.cpu.get_cpu_capability()
 
 
 @functools.cache
@@ -168,13 +176,14 @@ def kernels() -> Kernels | None:
 
 def kernels_for(kinds: Iterable[int]) -> Kernels | None:
     """The native kernels for a GGUF holding tensors of ``kinds``, or None for torch's:
-    ``LSP_NATIVE=1`` always, ``0`` never, unset where the file holds a type outside
-    ``TORCH_KINDS`` and the kernels are built. Decided by the file, not by a timed probe, so
-    that one file always gives the same output on one machine."""
+    ``LSP_NATIVE=1`` always, ``0`` never, unset where they are built and the file holds a type
+    outside ``TORCH_KINDS`` or torch runs without AVX-512. Decided by the file and the CPU's
+    instruction set, not by a timed probe, so that one file always gives the same output on one
+    machine."""
     setting = os.environ.get("LSP_NATIVE", "auto")
     if setting == "1":
         return kernels()
-    if setting == "0" or set(kinds) <= TORCH_KINDS:
+    if setting == "0" or (set(kinds) <= TORCH_KINDS and torch_capability() == "AVX512"):
         return None
     return _serving()
 
