@@ -56,6 +56,28 @@ def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
         assert torch.equal(layer(x[first : first + rows]), full[first : first + rows]), rows
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_a_pass_of_any_row_count_gives_each_row_what_it_gets_alone(kind):
+    """A pass of several rows runs krows.c's kernels (four rows to a weight block, then the rest),
+    a single row ggml's own vec_dot: every row count from 2 to 9, rows of magnitudes 1e-3 to 1e3
+    (one value far above the rest) and long weight rows (24 blocks of 256) give each row exactly
+    the outputs it has alone."""
+    rng = np.random.default_rng(100 + int(kind))
+    n_in = 6144
+    if kind in (QType.F16, QType.BF16, QType.F32):
+        w, _ = weight(kind, rng, 24)
+        n_in = IN
+    else:
+        w = Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, 24, n_in)), n_in)
+    layer = NativeLinear(NATIVE, [w])
+    x = torch.randn(9, n_in, generator=torch.Generator().manual_seed(int(kind)))
+    x *= torch.logspace(-3, 3, 9)[:, None]
+    x[4, 11] = 3e4
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+    for rows in range(2, 10):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
 @pytest.mark.parametrize("out", [1, 15, 17, 50, 337])
 def test_every_output_is_written_whatever_the_threads_shares(out):
     """The threads split a weight's rows into contiguous shares of 16-row chunks, then help with

@@ -4,10 +4,11 @@ Why: torch's 4-bit kernel is the only quantized product torch has on the CPU. On
 faster than fp32, it takes no 16-value sub-blocks (Q6_K, Q3_K, Q2_K: padded terms, at 2.5 bytes a
 weight), and its packed copy doubles the weights' memory. llama.cpp's kernels multiply a GGUF's
 own blocks where they lie in the memory-mapped file, with activations quantized per block as
-llama.cpp quantizes them, tuned for each ISA. ``lsqmm.c`` calls them one output at a time, so
-each output is computed the same whatever the rows of a pass: batch-invariant by construction,
-as the lean forward needs. Where rounding enters: the activations, quantized to the weight
-type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
+llama.cpp quantizes them, tuned for each ISA. ``lsqmm.c`` calls them one output at a time, and
+``krows.c`` sums each output of a many-row pass exactly as they sum it alone (a weight block
+unpacked once for four rows), so each output is computed the same whatever the rows of a pass:
+batch-invariant by construction, as the lean forward needs. Where rounding enters: the
+activations, quantized to the weight type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
 Chosen per file and CPU (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster
 and in about half the memory of torch's terms, and so does every file where torch runs without

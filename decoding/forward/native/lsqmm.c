@@ -5,8 +5,10 @@
 // blocks with int8-quantized activations. This file calls them (ggml_get_type_traits_cpu:
 // from_float quantizes an activation row, vec_dot multiplies it with one weight row), one output
 // at a time, so every output is computed the same whatever the rows of the pass: batch-invariant
-// by construction. Weight rows are split among a small pool of threads that spin between calls
-// (a decode step is ~120 products ~20-100 us apart), as ggml's own threadpool does; each thread
+// by construction. A pass of several rows takes krows.c's kernels where the type has one: each
+// weight block unpacked once for four rows, every output summed exactly as vec_dot sums it.
+// Weight rows are split among a small pool of threads that spin between calls (a decode step is
+// ~120 products ~20-100 us apart), as ggml's own threadpool does; each thread
 // reads its own contiguous share of the rows, as ggml's mul_mat does, since threads taking turns
 // over small chunks of one stream read memory at half the rate on the 2-core machine.
 
@@ -20,6 +22,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "krows.h"
 
 #define MAX_THREADS 64
 #define CHUNK_ROWS 16     // weight rows a thread takes at a time
@@ -31,6 +34,7 @@ typedef struct {
     const char *xq;         // activation rows quantized to vec_dot_type, xq_bytes apart
     size_t xq_bytes;
     ggml_vec_dot_t vec_dot;
+    const lsq_rows_kernel_t *rows_kernels;  // several rows at once (krows.c), or NULL: vec_dot
     int64_t n_in, n_out, rows;
     float *y;               // (rows, ldy): outputs of this weight at columns 0..n_out
     int64_t ldy;
@@ -67,6 +71,21 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+// Weight rows [first, last) against the activation rows LSQ_ROWS at a time (krows.c), each weight
+// block unpacked once for them all.
+static void run_rows(job_t *job, int64_t first, int64_t last) {
+    for (int64_t r = 0; r < job->rows; r += LSQ_ROWS) {
+        int nr = job->rows - r < LSQ_ROWS ? (int) (job->rows - r) : LSQ_ROWS;
+        lsq_rows_kernel_t kernel = job->rows_kernels[nr];
+        const char *x = job->xq + r * job->xq_bytes;
+        float *out = job->y + r * job->ldy;
+        for (int64_t o = first; o < last; o++) {
+            const char *w = job->w + o * job->row_bytes;
+            kernel((int) job->n_in, w, x, job->xq_bytes, out + o, (size_t) job->ldy);
+        }
+    }
+}
+
 // The chunks of one share, in order, while any is left (its owner and a thread done with its own
 // share may take turns).
 static void run_share(job_t *job, int share) {
@@ -76,6 +95,10 @@ static void run_share(job_t *job, int share) {
         if (chunk >= end) return;
         int64_t first = chunk * CHUNK_ROWS;
         int64_t last = first + CHUNK_ROWS < job->n_out ? first + CHUNK_ROWS : job->n_out;
+        if (job->rows_kernels) {
+            run_rows(job, first, last);
+            continue;
+        }
         // Each activation row against this chunk's weight rows: the rows stay in cache.
         for (int64_t r = 0; r < job->rows; r++) {
             const char *x = job->xq + r * job->xq_bytes;
@@ -206,6 +229,7 @@ int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float
     job->xq = xq;
     job->xq_bytes = xq_bytes;
     job->vec_dot = traits->vec_dot;
+    job->rows_kernels = rows > 1 ? lsq_rows_kernels(type) : NULL;  // one row: ggml's own vec_dot
     job->n_in = n_in;
     job->n_out = n_out;
     job->rows = rows;

@@ -1,0 +1,315 @@
+// K-quant products of several activation rows at once, each output summed as ggml's vec_dot sums it.
+//
+// Why by hand: ggml's vec_dot multiplies one weight row with one activation row, so a pass of many
+// rows (a prefill, a verify pass) unpacks every weight block once per row; llama.cpp's own faster
+// paths for many rows (its repacked and tiled products) sum an output in another order than its
+// single-row product, which would make a row's logits depend on its pass. Here each weight block is
+// unpacked once for up to LSQ_ROWS activation rows, and every output goes through exactly the float
+// operations of ggml's AVX2 vec_dot (the x86 build's K-quant path, AVX-512 machines included): the
+// same integer lanes (exact), the same fused multiply-adds into the same accumulators, the same
+// final sums. So a row's output is bit for bit the one vec_dot gives it alone
+// (tests/test_native.py compares every row count with single rows). Without AVX2 there is none:
+// lsqmm.c keeps vec_dot.
+
+#include "krows.h"
+
+#if defined(__AVX2__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "ggml.h"
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define SET_M128I(a, b) _mm256_insertf128_si256(_mm256_castsi128_si256(b), (a), 1)
+
+// ggml's hsum_float_8 (arch/x86/quants.c), the order of the final sum.
+static ALWAYS_INLINE float hsum_float_8(const __m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+static ALWAYS_INLINE float half(ggml_half h) { return _cvtsh_ss(h); }
+
+// ggml's get_scale_shuffle_k4(i): the 16-bit scale i in every 16-bit lane.
+static ALWAYS_INLINE __m256i scale_shuffle_k4(int i) { return _mm256_set1_epi16((short) (0x0202 * i + 0x0100)); }
+
+// ggml's get_scale_shuffle(i): byte 2i in the low eight bytes, byte 2i + 1 in the high eight.
+static ALWAYS_INLINE __m128i scale_shuffle(int i) {
+    return _mm_set_epi64x((long long) (0x0101010101010101ULL * (2 * i + 1)),
+                          (long long) (0x0101010101010101ULL * (2 * i)));
+}
+
+static ALWAYS_INLINE const block_q8_K *row_block(const char *xq, size_t xq_bytes, int r, int i) {
+    return (const block_q8_K *) (xq + r * xq_bytes) + i;
+}
+
+// ggml_vec_dot_q4_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
+static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
+                                    float *s, size_t ls) {
+    static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    const block_q4_K *x = vw;
+    const int nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[LSQ_ROWS];
+    __m128 acc_m[LSQ_ROWS];
+    for (int r = 0; r < nr; r++) {
+        acc[r] = _mm256_setzero_ps();
+        acc_m[r] = _mm_setzero_ps();
+    }
+    for (int i = 0; i < nb; ++i) {
+        const float xd = half(x[i].d), xmin = half(x[i].dmin);
+        uint32_t utmp[4];
+        memcpy(utmp, x[i].scales, 12);
+        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+        const uint32_t uaux = utmp[1] & kmask1;
+        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+        utmp[2] = uaux;
+        utmp[0] &= kmask1;
+        const __m256i mins_and_scales =
+            _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+        const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
+        const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+        const __m256i scales = SET_M128I(sc128, sc128);
+        __m256i sumi[LSQ_ROWS];
+        for (int r = 0; r < nr; r++) sumi[r] = _mm256_setzero_si256();
+        const uint8_t *q4 = x[i].qs;
+        for (int j = 0; j < QK_K / 64; ++j) {
+            const __m256i scale_l =
+                _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+            const __m256i scale_h =
+                _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
+            const __m256i q4bits = _mm256_loadu_si256((const __m256i *) (q4 + 32 * j));
+            const __m256i q4l = _mm256_and_si256(q4bits, m4);
+            const __m256i q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *q8 = row_block(xq, xq_bytes, r, i)->qs + 64 * j;
+                const __m256i p16l =
+                    _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, _mm256_loadu_si256((const __m256i *) q8)));
+                const __m256i p16h = _mm256_madd_epi16(
+                    scale_h, _mm256_maddubs_epi16(q4h, _mm256_loadu_si256((const __m256i *) (q8 + 32))));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16l, p16h));
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            const block_q8_K *y = row_block(xq, xq_bytes, r, i);
+            const float d = y->d * xd;
+            const float dmin = -y->d * xmin;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+            const __m128i q8s =
+                _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
+            const __m128i prod = _mm_madd_epi16(mins, q8s);
+            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        __m128 m = _mm_add_ps(acc_m[r], _mm_movehl_ps(acc_m[r], acc_m[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        s[r * ls] = hsum_float_8(acc[r]) + _mm_cvtss_f32(m);
+    }
+}
+
+// ggml_vec_dot_q6_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
+static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
+                                    float *s, size_t ls) {
+    const block_q6_K *x = vw;
+    const int nb = n / QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc[LSQ_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; ++i) {
+        const float xd = half(x[i].d);
+        const __m128i scales = _mm_loadu_si128((const __m128i *) x[i].scales);
+        const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
+        __m256i sumi[LSQ_ROWS];
+        for (int r = 0; r < nr; r++) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 128; ++j) {
+            const __m256i q4bits1 = _mm256_loadu_si256((const __m256i *) (x[i].ql + 64 * j));
+            const __m256i q4bits2 = _mm256_loadu_si256((const __m256i *) (x[i].ql + 64 * j + 32));
+            const __m256i q4bitsH = _mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * j));
+            const __m256i q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, m3), 4);
+            const __m256i q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(12)), 2);
+            const __m256i q4h_2 = _mm256_and_si256(q4bitsH, _mm256_set1_epi8(48));
+            const __m256i q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(-64)), 2);
+            const __m256i q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+            const __m256i q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+            const __m256i q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
+            const __m256i q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
+            const __m256i scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 0)));
+            const __m256i scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 1)));
+            const __m256i scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 2)));
+            const __m256i scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 3)));
+            for (int r = 0; r < nr; r++) {
+                const __m256i *q8 = (const __m256i *) (row_block(xq, xq_bytes, r, i)->qs + 128 * j);
+                const __m256i p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q4_0, _mm256_loadu_si256(q8)));
+                const __m256i p16_1 =
+                    _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q4_1, _mm256_loadu_si256(q8 + 1)));
+                const __m256i p16_2 =
+                    _mm256_madd_epi16(scale_2, _mm256_maddubs_epi16(q4_2, _mm256_loadu_si256(q8 + 2)));
+                const __m256i p16_3 =
+                    _mm256_madd_epi16(scale_3, _mm256_maddubs_epi16(q4_3, _mm256_loadu_si256(q8 + 3)));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_0, p16_1));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_2, p16_3));
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            const block_q8_K *y = row_block(xq, xq_bytes, r, i);
+            const float d = y->d * xd;
+            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
+            const __m256i q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(q8sums, scales_16), 5);
+            sumi[r] = _mm256_sub_epi32(sumi[r], q8sclsub);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ls] = hsum_float_8(acc[r]);
+}
+
+// ggml's mul_sum_us8_pairs_float and mul_sum_i8_pairs_float (arch/x86/quants.c), with the same
+// choice of instructions for the build's instruction sets (the integer lanes are the same in all
+// of them but where maddubs saturates, so the same choice keeps even those).
+static ALWAYS_INLINE __m256 mul_sum_us8_pairs_float(const __m256i ax, const __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+#elif defined(__AVXVNNI__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy));
+#else
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy)));
+#endif
+}
+
+static ALWAYS_INLINE __m256 mul_sum_i8_pairs_float(const __m256i x, const __m256i y) {
+#if __AVXVNNIINT8__
+    return _mm256_cvtepi32_ps(_mm256_dpbssd_epi32(_mm256_setzero_si256(), x, y));
+#else
+    return mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+#endif
+}
+
+// ggml's bytes_from_nibbles_32: 32 4-bit fields as bytes in [0, 15].
+static ALWAYS_INLINE __m256i bytes_from_nibbles_32(const uint8_t *rsi) {
+    const __m128i tmp = _mm_loadu_si128((const __m128i *) rsi);
+    return _mm256_and_si256(_mm256_set1_epi8(0xF), SET_M128I(_mm_srli_epi16(tmp, 4), tmp));
+}
+
+// ggml's bytes_from_bits_32: 32 bits as bytes 0x00 or 0xFF.
+static ALWAYS_INLINE __m256i bytes_from_bits_32(const uint8_t *x) {
+    uint32_t x32;
+    memcpy(&x32, x, sizeof(uint32_t));
+    const __m256i shuf_mask =
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+// The weights of one 32-value block as signed bytes, as ggml's vec_dot unpacks them.
+static ALWAYS_INLINE __m256i q4_0_bytes(const block_q4_0 *x) {
+    return _mm256_sub_epi8(bytes_from_nibbles_32(x->qs), _mm256_set1_epi8(8));
+}
+
+static ALWAYS_INLINE __m256i q5_0_bytes(const block_q5_0 *x) {
+    const __m256i bxhi = _mm256_andnot_si256(bytes_from_bits_32(x->qh), _mm256_set1_epi8((char) 0xF0));
+    return _mm256_or_si256(bytes_from_nibbles_32(x->qs), bxhi);
+}
+
+static ALWAYS_INLINE __m256i q8_0_bytes(const block_q8_0 *x) { return _mm256_loadu_si256((const __m256i *) x->qs); }
+
+// ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0's AVX2 branch, for nr activation rows against one weight row.
+#define SIGNED_BLOCKS_ROWS(name, block_t, unpack)                                                       \
+    static ALWAYS_INLINE void name(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,  \
+                                   float *s, size_t ls) {                                               \
+        const block_t *x = vw;                                                                          \
+        __m256 acc[LSQ_ROWS];                                                                           \
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();                                      \
+        for (int ib = 0; ib < n / QK8_0; ++ib) {                                                        \
+            const float xd = half(x[ib].d);                                                             \
+            const __m256i qx = unpack(x + ib);                                                          \
+            for (int r = 0; r < nr; r++) {                                                              \
+                const block_q8_0 *y = (const block_q8_0 *) (xq + r * xq_bytes) + ib;                    \
+                const __m256 d = _mm256_set1_ps(xd * half(y->d));                                       \
+                const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);                         \
+                acc[r] = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc[r]);                    \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < nr; r++) s[r * ls] = hsum_float_8(acc[r]);                                 \
+    }
+
+SIGNED_BLOCKS_ROWS(q4_0_rows, block_q4_0, q4_0_bytes)
+SIGNED_BLOCKS_ROWS(q5_0_rows, block_q5_0, q5_0_bytes)
+SIGNED_BLOCKS_ROWS(q8_0_rows, block_q8_0, q8_0_bytes)
+
+// ggml_vec_dot_q4_1_q8_1's AVX2 branch, for nr activation rows against one weight row.
+static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
+                                    float *s, size_t ls) {
+    const block_q4_1 *x = vw;
+    __m256 acc[LSQ_ROWS];
+    float summs[LSQ_ROWS];
+    for (int r = 0; r < nr; r++) {
+        acc[r] = _mm256_setzero_ps();
+        summs[r] = 0;
+    }
+    for (int ib = 0; ib < n / QK8_1; ++ib) {
+        const float d0 = half(x[ib].d), m = half(x[ib].m);
+        const __m256i qx = bytes_from_nibbles_32(x[ib].qs);
+        for (int r = 0; r < nr; r++) {
+            const block_q8_1 *y = (const block_q8_1 *) (xq + r * xq_bytes) + ib;
+            summs[r] += m * half(y->s);
+            const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_set1_ps(half(y->d)));
+            const __m256 xy = mul_sum_us8_pairs_float(qx, _mm256_loadu_si256((const __m256i *) y->qs));
+            acc[r] = _mm256_fmadd_ps(d0d1, xy, acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) s[r * ls] = hsum_float_8(acc[r]) + summs[r];
+}
+
+// One function per row count, so that each is compiled with its loops unrolled and the
+// accumulators in registers.
+#define ROWS_FUNCTIONS(kernel)                                                                          \
+    static void kernel##_1(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
+        kernel(n, w, xq, b, 1, s, ls);                                                                  \
+    }                                                                                                   \
+    static void kernel##_2(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
+        kernel(n, w, xq, b, 2, s, ls);                                                                  \
+    }                                                                                                   \
+    static void kernel##_3(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
+        kernel(n, w, xq, b, 3, s, ls);                                                                  \
+    }                                                                                                   \
+    static void kernel##_4(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
+        kernel(n, w, xq, b, 4, s, ls);                                                                  \
+    }                                                                                                   \
+    static const lsq_rows_kernel_t kernel##_by_rows[LSQ_ROWS + 1] = {NULL, kernel##_1, kernel##_2,      \
+                                                                     kernel##_3, kernel##_4};
+
+ROWS_FUNCTIONS(q4_K_rows)
+ROWS_FUNCTIONS(q6_K_rows)
+ROWS_FUNCTIONS(q4_0_rows)
+ROWS_FUNCTIONS(q4_1_rows)
+ROWS_FUNCTIONS(q5_0_rows)
+ROWS_FUNCTIONS(q8_0_rows)
+
+const lsq_rows_kernel_t *lsq_rows_kernels(int type) {
+    switch (type) {
+        case GGML_TYPE_Q4_K: return q4_K_rows_by_rows;
+        case GGML_TYPE_Q6_K: return q6_K_rows_by_rows;
+        case GGML_TYPE_Q4_0: return q4_0_rows_by_rows;
+        case GGML_TYPE_Q4_1: return q4_1_rows_by_rows;
+        case GGML_TYPE_Q5_0: return q5_0_rows_by_rows;
+        case GGML_TYPE_Q8_0: return q8_0_rows_by_rows;
+        default: return NULL;
+    }
+}
+
+#else
+
+const lsq_rows_kernel_t *lsq_rows_kernels(int type) {
+    (void) type;
+    return NULL;
+}
+
+#endif
