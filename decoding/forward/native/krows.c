@@ -1,11 +1,12 @@
-// K-quant products of several activation rows at once, each output summed as ggml's vec_dot sums it.
+// Quantized products of several activation rows at once (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
+// each output summed as ggml's vec_dot sums it.
 //
 // Why by hand: ggml's vec_dot multiplies one weight row with one activation row, so a pass of many
 // rows (a prefill, a verify pass) unpacks every weight block once per row; llama.cpp's own faster
 // paths for many rows (its repacked and tiled products) sum an output in another order than its
 // single-row product, which would make a row's logits depend on its pass. Here each weight block is
 // unpacked once for up to LSQ_ROWS activation rows, and every output goes through exactly the float
-// operations of ggml's AVX2 vec_dot (the x86 build's K-quant path, AVX-512 machines included): the
+// operations of ggml's AVX2 vec_dot (the x86 build's path for these types, AVX-512 included): the
 // same integer lanes (exact), the same fused multiply-adds into the same accumulators, the same
 // final sums. So a row's output is bit for bit the one vec_dot gives it alone
 // (tests/test_native.py compares every row count with single rows). Without AVX2 there is none:

@@ -1,4 +1,4 @@
-// K-quant products of up to LSQ_ROWS activation rows against one weight row (krows.c).
+// Quantized products of up to LSQ_ROWS activation rows against one weight row (krows.c).
 #pragma once
 
 #include <stddef.h>
