@@ -194,11 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs[backend].append(run_ours(path, backend, args))
                 print(f"{spec} {backend}: step {runs[backend][-1]['step_ms']:.1f} ms", file=sys.stderr)
             if not args.no_peer:
-                from gguf import GGUFReader
+                from decoding.forward.gguf_header import read_header
 
-                vocab = next(
-                    int(t.shape[1]) for t in GGUFReader(str(path)).tensors if t.name == "token_embd.weight"
-                )
+                vocab = read_header(path).tensors["token_embd.weight"].shape[0]
                 peer = run_peer(path, args, vocab)
                 if peer is not None:
                     runs["llama.cpp"].append(peer)

@@ -611,11 +611,10 @@ def _sentencepiece_stand_in(folder: Path) -> Path:
 
 
 def tensor_types(path: Path) -> dict[str, str]:
-    """Each tensor's ggml type name, as the gguf package reads the file."""
-    from gguf import GGUFReader
+    """Each tensor's ggml type name, as the file's header gives it."""
+    from decoding.forward.gguf_header import read_header
 
-    reader = GGUFReader(str(path))
-    return {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
+    return {name: tensor.kind.name for name, tensor in read_header(path).tensors.items()}
 
 
 def type_summary(path: Path) -> dict[str, dict[str, int]]:
@@ -629,16 +628,11 @@ def type_summary(path: Path) -> dict[str, dict[str, int]]:
 
 
 def metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
-    """A few metadata values of a GGUF (strings decoded, single numbers unwrapped)."""
-    from gguf import GGUFReader
+    """A few metadata values of a GGUF, as its header holds them."""
+    from decoding.forward.gguf_header import read_header
 
-    reader = GGUFReader(str(path))
-    found: dict[str, object] = {}
-    for key in keys:
-        field = reader.get_field(key)
-        if field is not None:
-            found[key] = field.contents()
-    return found
+    fields = read_header(path).fields
+    return {key: fields[key] for key in keys if key in fields}
 
 
 def _parse_specs(text: str) -> list[tuple[str, str]]:

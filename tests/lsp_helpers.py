@@ -33,14 +33,11 @@ SAMPLE = 'def greet(name):\n    message = "hello " + name\n    return message\n\
 def tokenizer_source() -> Path:
     """The converted default model's folder (it holds tokenizer.json), converting it once if absent.
     Only the default model's: the cache also holds other GGUFs' folders (a benchmark's replicas)."""
-    from decoding.models.loading import cache_root, default_gguf_path, file_sha256
-
-    prefix = file_sha256(default_gguf_path())[:32]
+    from decoding.models.loading import default_gguf_path, metadata_folder
 
     def find() -> Path | None:
-        root = cache_root()
-        found = sorted(p for p in root.glob(f"{prefix}-*") if (p / "tokenizer.json").is_file())
-        return found[0] if found else None
+        folder = metadata_folder(default_gguf_path())
+        return folder if (folder / "tokenizer.json").is_file() else None
 
     folder = find()
     if folder is None:

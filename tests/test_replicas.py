@@ -139,6 +139,27 @@ def test_the_rebuilt_tokenizer_matches_llama_server_on_the_same_file(
         assert tokenizer.decode(ours) == text
 
 
+def test_a_qwen_gguf_tokenizes_as_llama_server_when_first_loaded_and_from_the_cache(
+    tiny: dict[str, Path], server: llama_server.LlamaServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load builds the tokenizer from the GGUF through transformers and caches it; later
+    loads read the cache on ``tokenizers`` alone. Both tokenize as llama-server does, decomposed
+    accents included: transformers' Qwen2Tokenizer class would rebuild its pipeline with an NFC
+    normalizer that neither the file nor llama.cpp has (``save_plain``)."""
+    from decoding.models.loading import load_model
+    from decoding.models.tokenizer import LeanTokenizer
+
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path))
+    first = load_model(str(tiny["Q8_0"])).tokenizer
+    again = load_model(str(tiny["Q8_0"])).tokenizer
+    assert isinstance(again, LeanTokenizer) and not isinstance(first, LeanTokenizer)
+    for text in (*TEXTS, "cafe\u0301 A\u030a \u212b \ufb01"):
+        theirs = tokenize(server, text)
+        assert first.encode(text, add_special_tokens=False) == theirs, text
+        assert again.encode(text, add_special_tokens=False) == theirs, text
+        assert first.decode(theirs) == again.decode(theirs) == text
+
+
 def test_the_replica_is_a_working_transformers_model() -> None:
     """The safetensors folder loads in transformers without remote code and gives finite logits."""
     import torch

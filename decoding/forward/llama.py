@@ -25,7 +25,6 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
+from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
 from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
 from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.forward.quant.layers import (
@@ -538,79 +538,51 @@ GGUF_NAMES = {
 }
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def gguf_shape(reader) -> LlamaShape:
+def gguf_shape(header: GgufHeader) -> LlamaShape:
     """The model's shape from a GGUF header; ``UnsupportedModel`` (with the reason) where the
     lean forward does not cover it."""
-    arch = _field(reader, "general.architecture")
+    arch = header.get("general.architecture")
     if arch not in LLAMA_ARCHITECTURES:
         raise UnsupportedModel(f"architecture {arch!r} (covered: {', '.join(LLAMA_ARCHITECTURES)})")
-    tensors = {t.name: t for t in reader.tensors}
-    extra = {name.split(".", 2)[2] for name in tensors if name.startswith("blk.")} - LAYER_TENSORS
+    extra = {name.split(".", 2)[2] for name in header.tensors if name.startswith("blk.")} - LAYER_TENSORS
     if extra:
         raise UnsupportedModel(f"layer tensors {', '.join(sorted(extra))}")
-    dim = int(_field(reader, f"{arch}.embedding_length"))
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", dim // heads))
-    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+    dim = int(header.get(f"{arch}.embedding_length"))
+    heads = int(header.get(f"{arch}.attention.head_count"))
+    head_dim = int(header.get(f"{arch}.attention.key_length", dim // heads))
+    if int(header.get(f"{arch}.attention.value_length", head_dim)) != head_dim:
         raise UnsupportedModel("values of another width than keys")
-    if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+    if int(header.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
         raise UnsupportedModel("partial rotary")
     return LlamaShape(
-        layers=int(_field(reader, f"{arch}.block_count")),
+        layers=int(header.get(f"{arch}.block_count")),
         dim=dim,
         heads=heads,
-        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        ffn=int(_field(reader, f"{arch}.feed_forward_length")),
-        vocab=int(tensors["token_embd.weight"].shape[1]),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_context=int(_field(reader, f"{arch}.context_length", 2048)),
+        kv_heads=int(header.get(f"{arch}.attention.head_count_kv", heads)),
+        ffn=int(header.get(f"{arch}.feed_forward_length")),
+        vocab=int(header.tensors["token_embd.weight"].shape[0]),
+        rope_theta=float(header.get(f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=float(header.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_context=int(header.get(f"{arch}.context_length", 2048)),
         head_size=head_dim if head_dim != dim // heads else 0,
-        rope_scale=_rope_scale(_field(reader, f"{arch}.rope.scaling.type"), reader, arch),
+        rope_scale=_rope_scale(header, arch),
     )
 
 
-def _rope_scale(kind: str | None, reader, arch: str) -> float:
+def _rope_scale(header: GgufHeader, arch: str) -> float:
     """Linear rotary scaling's factor (1 without scaling); any other kind is not covered."""
+    kind = header.get(f"{arch}.rope.scaling.type")
     if kind in (None, "none"):
         return 1.0
     if kind != "linear":
         raise UnsupportedModel(f"rotary scaling {kind!r}")
-    return float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
-
-
-@dataclass(frozen=True)
-class GgufTensor:
-    """Where one tensor's bytes lie in a GGUF file, and how to read them."""
-
-    kind: Any  # gguf.GGMLQuantizationType
-    shape: tuple[int, ...]  # numpy order: (out, in) for a weight
-    offset: int
-    nbytes: int
+    return float(header.get(f"{arch}.rope.scaling.factor", 1.0))
 
 
 def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor], bool]:
-    """The model's shape and where each tensor lies, read with gguf's reader, which is dropped
-    before any weight is built: it parses every metadata field (a tokenizer's ~100k strings)
-    into ~150 MB of small arrays, and weights allocated among them kept ~10 MB of that heap
-    resident for good."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    shape = gguf_shape(reader)
-    halves = LLAMA_ARCHITECTURES[_field(reader, "general.architecture")]
-    index = {
-        t.name: GgufTensor(t.tensor_type, tuple(int(d) for d in reversed(t.shape)), t.data_offset, t.n_bytes)
-        for t in reader.tensors
-    }
-    del reader
-    gc.collect()
-    return shape, index, halves
+    """The model's shape, where each tensor lies, and whether q and k rows are in rotate-half order."""
+    header = read_header(path)
+    return gguf_shape(header), header.tensors, LLAMA_ARCHITECTURES[header.get("general.architecture")]
 
 
 class GgufWeights:

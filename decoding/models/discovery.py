@@ -17,15 +17,15 @@ Spec forms resolved here (``resolve_model_spec``; an existing path always wins o
   ``FILE.gguf`` that is no file here but the name of exactly one file in those caches.
 
 Nothing here downloads anything or loads weights: directories, JSON manifests and GGUF headers
-(memory-mapped by the ``gguf`` package's reader) are all that is read. ``gguf_facts`` is the one
-place that decides whether a file runs on the fast path: it asks the lean forward's own shape
-check (``decoding.forward.llama.gguf_shape``), so the answer follows that forward's coverage as it grows.
+(``decoding/forward/gguf_header.py``, which steps over the tokenizer's arrays) are all that is
+read. ``gguf_facts`` is the one place that decides whether a file runs on the fast path: it asks
+the lean forward's own shape check (``decoding.forward.llama.gguf_shape``), so the answer follows
+that forward's coverage as it grows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib.util
 import json
 import logging
@@ -539,38 +539,30 @@ def gguf_facts(path: Path) -> GgufFacts:
     """A GGUF file's architecture and quantization types, and whether the lean forward takes it:
     the answer of ``decoding.forward.llama.gguf_shape`` (what ``from_gguf`` asks before loading, so a
     ``no`` here is a load that falls back to transformers' forward). Reads the header only."""
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
+    from decoding.forward.gguf_header import GgufHeaderError, read_header
     from decoding.forward.llama import UnsupportedModel, gguf_shape
 
     try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError, IndexError) as exc:
+        header = read_header(path)
+    except (OSError, GgufHeaderError) as exc:
         return GgufFacts("?", "", (), False, f"unreadable GGUF header ({exc.__class__.__name__}: {exc})")
+    architecture = header.get("general.architecture") or "?"
+    file_type = header.get("general.file_type")
     try:
-        architecture = _field(reader, "general.architecture") or "?"
-        file_type = _field(reader, "general.file_type")
-        try:
-            kind = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
-        except ValueError:
-            kind = str(file_type)
-        types = tuple(sorted({t.tensor_type.name for t in reader.tensors}))
-        try:
-            gguf_shape(reader)
-            fast, reason = True, ""
-        except UnsupportedModel as exc:
-            fast, reason = False, str(exc)
-        except (KeyError, TypeError, ValueError) as exc:
-            fast, reason = False, f"incomplete header ({exc.__class__.__name__}: {exc})"
-        return GgufFacts(str(architecture), kind, types, fast, reason)
-    finally:
-        del reader
-        gc.collect()  # a tokenizer's fields are ~100k small arrays: gone before the next file
-
-
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+        kind = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else ""
+    except ValueError:
+        kind = str(file_type)
+    types = tuple(sorted({t.kind.name for t in header.tensors.values()}))
+    try:
+        gguf_shape(header)
+        fast, reason = True, ""
+    except UnsupportedModel as exc:
+        fast, reason = False, str(exc)
+    except (KeyError, TypeError, ValueError) as exc:
+        fast, reason = False, f"incomplete header ({exc.__class__.__name__}: {exc})"
+    return GgufFacts(str(architecture), kind, types, fast, reason)
 
 
 def _size(path: Path) -> str:
@@ -586,9 +578,9 @@ def _size(path: Path) -> str:
 
 
 def listing_lines() -> Iterator[str]:
-    """``lsp_server --list-models``'s lines, each yielded as soon as its header is read (a header
-    with a 150k-token vocabulary takes seconds): source, the name to use as ``model``, the file,
-    its size, architecture, quantization, and whether it runs on the fast path (why not, if not)."""
+    """``lsp_server --list-models``'s lines, each yielded as soon as its header is read: source,
+    the name to use as ``model``, the file, its size, architecture, quantization, and whether it
+    runs on the fast path (why not, if not)."""
     found = discover()
     rows = embedded() + found
     name_width = max([len(m.name) for m in rows] + [len("MODEL")])

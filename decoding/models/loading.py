@@ -41,11 +41,13 @@ from decoding.models.discovery import (
     is_gguf_file,
     resolve_model_spec,
 )
+from decoding.models.tokenizer import save_plain
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
 CONVERTED_FORMAT_VERSION = "1"
+METADATA_FORMAT_VERSION = "2"  # 2: named by the header's hash, the tokenizer as transformers built it
 
 
 @dataclass
@@ -257,10 +259,20 @@ def hub_cache_folder(model_id: str) -> Path:
         ) from exc
 
 
+def metadata_folder(path: Path) -> Path:
+    """Where a GGUF's config and tokenizer are cached: named by its header's bytes (all they are
+    read from), which hash in milliseconds where the whole file takes a second a GB."""
+    from decoding.forward.gguf_header import read_header
+
+    with path.open("rb") as handle:
+        header = handle.read(read_header(path).data_offset)
+    return cache_root() / f"{hashlib.sha256(header).hexdigest()[:32]}-meta-v{METADATA_FORMAT_VERSION}"
+
+
 def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
     them from the file takes seconds, the cached copy a fraction of one)."""
-    target = cache_root() / f"{file_sha256(path)[:32]}-meta-v{CONVERTED_FORMAT_VERSION}"
+    target = metadata_folder(path)
     if (target / "config.json").is_file():
         return _plain_config(target / "config.json"), _cached_tokenizer(target)
     transformers = _import_transformers()
@@ -270,6 +282,7 @@ def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
     with contextlib.suppress(OSError), _staged(target, ".meta-") as staging:
         config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        save_plain(tokenizer, staging)
     return config, tokenizer
 
 

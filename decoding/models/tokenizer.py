@@ -20,8 +20,27 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer
 
 PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# transformers classes that add nothing to their Rust tokenizer but the pipeline their __init__
+# builds (which differs from the one a GGUF gave: Qwen2Tokenizer's adds an NFC normalizer that
+# neither the file nor llama.cpp has); ``save_plain`` keeps the tokenizer as the file gave it.
+PIPELINE_ONLY_CLASSES = ("Qwen2Tokenizer",)
 SAVED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def save_plain(tokenizer: Any, folder: Path) -> None:
+    """Rewrites a tokenizer transformers saved in ``folder`` as a plain fast one where its class is
+    one of ``PIPELINE_ONLY_CLASSES``: ``tokenizer.json`` as its Rust tokenizer is now, the config
+    naming the plain class. Loading the folder again (here or in transformers) then tokenizes as
+    this tokenizer does, rather than as the class would rebuild it."""
+    config_path = folder / "tokenizer_config.json"
+    settings = json.loads(config_path.read_text(encoding="utf-8"))
+    plain_already = settings.get("tokenizer_class") not in PIPELINE_ONLY_CLASSES
+    if plain_already or settings.get("clean_up_tokenization_spaces"):
+        return
+    (folder / "tokenizer.json").write_text(tokenizer.backend_tokenizer.to_str(), encoding="utf-8")
+    settings["tokenizer_class"] = PLAIN_CLASSES[0]
+    config_path.write_text(json.dumps(settings, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def _content(value: Any) -> str | None:
