@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import hashlib
 import json
 import logging
@@ -360,7 +361,9 @@ def give_back_freed_memory() -> None:
     """Return the heap that loading freed to the OS (glibc keeps it otherwise: unpacking the blocks
     and the tokenizer's load leave a large share of a ready server's resident memory). No library call
     does this; a no-op off glibc. Call it again after other load-time work (it trims every
-    thread's arena, not only the caller's)."""
+    thread's arena, not only the caller's). Collected first: unpacking leaves arrays in reference
+    cycles (~400 MB for the 0.5B replica on torch's kernel) that only a full collection frees."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
