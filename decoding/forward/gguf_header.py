@@ -2,11 +2,12 @@
 
 Written by hand because ``gguf.GGUFReader`` (the format's own package, still used for what it
 does well: the type tables, quantization) builds a numpy view for every part of every field,
-several per element of the tokenizer's arrays: a 150k-token vocabulary with its merges took
-~15 s of a model's load on a 2-core CPU, far longer than llama.cpp loads the whole file. Here
-arrays of numbers are read with one ``numpy.frombuffer`` and arrays of strings are stepped over
-(their lengths read, their text not decoded) unless asked for; the tokenizer is read by
-transformers once and cached (``decoding/models/loading.py``).
+several per element of the tokenizer's arrays: for a 150k-token vocabulary with its merges that
+was most of a model's load, longer than llama.cpp takes to load the whole file
+(``benchmarks/README.md``, design measurements). Here arrays of numbers are read with one
+``numpy.frombuffer`` and arrays of strings are stepped over (their lengths read, their text not
+decoded) unless asked for; the tokenizer is read by transformers once and cached
+(``decoding/models/loading.py``).
 
 The layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), versions 2 and 3, in
 either byte order: magic, version, tensor count, metadata count; each metadata key, value type
