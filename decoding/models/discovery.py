@@ -541,12 +541,12 @@ def gguf_facts(path: Path) -> GgufFacts:
     ``no`` here is a load that falls back to transformers' forward). Reads the header only."""
     from gguf import LlamaFileType
 
-    from decoding.forward.gguf_header import GgufHeaderError, read_header
+    from decoding.forward.gguf_header import read_header
     from decoding.forward.llama import UnsupportedModel, gguf_shape
 
     try:
         header = read_header(path)
-    except (OSError, GgufHeaderError) as exc:
+    except (OSError, ValueError) as exc:  # GgufHeaderError, or a value of the wrong type
         return GgufFacts("?", "", (), False, f"unreadable GGUF header ({exc.__class__.__name__}: {exc})")
     architecture = header.get("general.architecture") or "?"
     file_type = header.get("general.file_type")

@@ -362,7 +362,7 @@ def give_back_freed_memory() -> None:
     and the tokenizer's load leave a large share of a ready server's resident memory). No library call
     does this; a no-op off glibc. Call it again after other load-time work (it trims every
     thread's arena, not only the caller's). Collected first: unpacking leaves arrays in reference
-    cycles (~400 MB for the 0.5B replica on torch's kernel) that only a full collection frees."""
+    cycles (hundreds of MB for a Qwen 0.5B on torch's kernel) that only a full collection frees."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
