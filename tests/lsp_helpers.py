@@ -31,8 +31,8 @@ SAMPLE = 'def greet(name):\n    message = "hello " + name\n    return message\n\
 
 @functools.cache
 def tokenizer_source() -> Path:
-    """The converted default model's folder (it holds tokenizer.json), converting it once if absent.
-    Only the default model's: the cache also holds other GGUFs' folders (a benchmark's replicas)."""
+    """The default model's cached config and tokenizer folder (it holds tokenizer.json), made by a
+    load if absent. Only the default model's: the cache also holds other GGUFs' folders."""
     from decoding.models.loading import default_gguf_path, metadata_folder
 
     def find() -> Path | None:
