@@ -282,7 +282,7 @@ class Bench:
         if peers:
             self.peers["hf_greedy"] = {}
             self.peers["hf_prompt_lookup"] = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
-            if draft is not None:
+            if draft is not None and draft.model is not None:  # transformers' draft, not a graphed one
                 self.peers["hf_assisted"] = {"assistant_model": draft.model}
         pad = getattr(target.tokenizer, "pad_token_id", None)
         eos = sorted(target.eos_token_ids)
@@ -817,7 +817,12 @@ def main(argv: list[str] | None = None) -> int:
     in_transformers = target.model is not None  # the peers need it
     draft = None
     if not args.no_draft_model and (in_transformers or target.device.type != "cpu"):
-        draft = load_model(args.model, device=args.device, dtype="bfloat16", quantization="none")
+        # on CUDA graphed as the server loads a draft model (a one-row step); else transformers'
+        graphed = target.device.type == "cuda"
+        quantization = "auto" if graphed else "none"
+        draft = load_model(
+            args.model, device=args.device, dtype="bfloat16", quantization=quantization, draft=True
+        )
         check_draft_compatible(target, draft)
     log.info("models loaded in %.1f s (%s weights)", time.perf_counter() - started, target.quantization)
     peers = not args.no_peers and in_transformers
@@ -920,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "model": args.model,
             "quantization": target.quantization,
-            "draft_model": None if draft is None else f"{args.model} (bfloat16 copy)",
+            "draft_model": None if draft is None else f"{args.model} ({draft.quantization})",
             "draft_head": args.draft_head,
             "methods": bench.methods,
             "stop_at_newline": True,

@@ -14,7 +14,8 @@ import torch
 
 from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.graphed import GraphedCache, GraphedForward
+from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedCache, GraphedForward, from_gguf_on_device
+from decoding.forward.graphed_weights import DenseProduct, Int4Product, device_product, int4_kernel_works
 from decoding.forward.llama import from_transformers
 from decoding.models.loading import LoadedModel
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
@@ -28,7 +29,7 @@ SETUP_IDS = [f"{device}-{str(dtype).removeprefix('torch.')}" for device, dtype i
 
 
 def graphed(model, device: str, dtype: torch.dtype, **kwargs) -> GraphedForward:
-    return GraphedForward(from_transformers(model, 0), torch.device(device), dtype, **kwargs)
+    return GraphedForward.from_lean(from_transformers(model, 0), torch.device(device), dtype, **kwargs)
 
 
 def graphed_loaded(forward: GraphedForward, eos: int | None = None) -> LoadedModel:
@@ -106,7 +107,10 @@ def graphed_pairs(request):
         tiny_model(seed, layers=2, logit_scale=scale, max_positions=1024)
         for seed, scale in [(11, 1.0), (12, 8.0), (13, 20.0), (14, 40.0)]
     ]
-    near = [graphed(perturbed_copy(t, i, 0.3), device, dtype) for i, t in enumerate(targets)]
+    # drafts as a draft model is built: a one-row step beside the full width (``DRAFT_WIDTHS``)
+    near = [
+        graphed(perturbed_copy(t, i, 0.3), device, dtype, widths=DRAFT_WIDTHS) for i, t in enumerate(targets)
+    ]
     return [graphed(t, device, dtype) for t in targets], near
 
 
@@ -123,7 +127,7 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
     and 100 prompt/stop cases with it equal the graphed model's own plain greedy."""
     lean = from_transformers(tiny_model(41, layers=2, logit_scale=3.0, max_positions=1024), 0)
     trained_tiny_head(lean).save(tmp_path / "head")
-    forward = GraphedForward(lean, torch.device(device), dtype)
+    forward = GraphedForward.from_lean(lean, torch.device(device), dtype)
     assert forward.fingerprint == lean.fingerprint
     head = load_head_drafter(
         graphed_loaded(forward), str(tmp_path / "head"), bits=4 if device == "cpu" else None
@@ -164,9 +168,12 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
     target = load_model("default", device="cuda", dtype=dtype)
     assert isinstance(target.forward, GraphedForward) and target.forward.warmup_s > 0
     assert target.quantization.endswith(f"as {dtype} on cuda") and target.model is None
-    draft = load_model("default", device="cuda", dtype="bfloat16", quantization="none")
+    assert target.forward.widths == (WIDTH,)
+    four_bit = isinstance(target.forward.weights.layers[0].gate_up, Int4Product)
+    assert four_bit == (dtype == "bfloat16")  # the file's Q4_1 blocks as they are, in bf16
+    draft = load_model("default", device="cuda", dtype="bfloat16", draft=True)
     check_draft_compatible(target, draft)
-    assert draft.model is not None  # transformers' forward: the draft-model path on CUDA
+    assert isinstance(draft.forward, GraphedForward) and draft.forward.widths == DRAFT_WIDTHS
     engine = SpeculativeEngine(target)
     drafters = {
         name: make_drafter(name, draft_model=draft, cost=engine.cost) for name in ("ngram", "model", "auto")
@@ -191,7 +198,7 @@ def dense_default():
     from decoding.forward.llama import from_gguf
     from decoding.models.loading import default_gguf_path
 
-    return GraphedForward(
+    return GraphedForward.from_lean(
         from_gguf(str(default_gguf_path()), dense=True), torch.device("cpu"), torch.float32, capacity=512
     )
 
@@ -257,3 +264,137 @@ def test_the_shipped_head_drafts_for_the_default_model_on_the_graphed_forward(de
         with_head = engine.generate(ids, config, make_drafter("head", draft_head=head, cost=engine.cost))
         assert with_head.token_ids == engine.generate(ids, config).token_ids, rel
     assert agree >= 0.45 * total, (agree, total)  # held-out: ~0.6; an untrained head: ~0
+
+
+@pytest.mark.parametrize(("device", "dtype"), SETUPS, ids=SETUP_IDS)
+def test_a_draft_forwards_one_row_step_computes_the_full_width_pass(device, dtype):
+    """A draft model's one-token steps replay a one-row graph; its logits and cache are those of
+    the full-width pass up to rounding (drafts need no batch invariance, only the target does)."""
+    model = tiny_model(7, layers=2, max_positions=1024)
+    full = graphed(model, device, dtype)
+    draft = graphed(model, device, dtype, widths=DRAFT_WIDTHS)
+    assert draft.widths == (1, WIDTH) and full.widths == (WIDTH,)
+    tokens = [random.Random(2).randrange(64) for _ in range(40)]
+    want = full(tokens, full.new_cache())
+    cache = draft.new_cache()
+    got = torch.cat([draft(tokens[:30], cache)] + [draft([t], cache) for t in tokens[30:]])
+    assert set(cache.graphs) == (set(DRAFT_WIDTHS) if device == "cuda" else set())
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert torch.allclose(got, want, atol=tolerance), (got - want).abs().max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.fixture(scope="module")
+def default_blocks():
+    """The default GGUF's blocks as ``decoding/forward/graphed_weights.py`` takes them."""
+    from decoding.forward.llama import GgufWeights
+    from decoding.models.loading import default_gguf_path
+
+    return GgufWeights(str(default_gguf_path()), dense=False, kernels=False)
+
+
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_ggufs_4bit_blocks_go_to_the_device_as_they_are(default_blocks, device):
+    """Q4_1 blocks become the 4-bit kernel's groups of 32 with their own scales (rounded to bf16)
+    and multiply as the block's values do; Q8_0 (two 4-bit terms) and fp32 stay dense, as does any
+    dtype but bf16."""
+    place = torch.device(device)
+    assert int4_kernel_works(place)
+    gate = default_blocks.weight("gate", 0)
+    assert gate.kind == "Q4_1"
+    product = device_product(gate, place, torch.bfloat16)
+    assert isinstance(product, Int4Product)
+    assert product.nbytes() < gate.shape[0] * gate.shape[1] // 2 + gate.shape[0] * gate.shape[1] // 8 + 1
+    term = gate.terms[0]
+    rounded = torch.from_numpy(term.q.astype("float32") - 8).reshape(gate.shape[0], -1, 32)
+    scale = torch.from_numpy(term.scale).bfloat16().float()[..., None]
+    zero = torch.from_numpy(term.zero).bfloat16().float()[..., None]
+    weights = (rounded * scale + zero).reshape(gate.shape)
+    x = torch.randn(WIDTH, gate.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
+    want = x.float() @ weights.T
+    got = product(x.to(place)).float().cpu()
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.allclose(got, want, rtol=0.02, atol=0.05 * want.abs().max().item()), (got - want).abs().max()
+    assert isinstance(device_product(gate, place, torch.float32), DenseProduct)
+    assert isinstance(device_product(default_blocks.weight("o", 0), place, torch.bfloat16), Int4Product)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_default_gguf_on_the_device_path_is_its_quantized_model_and_stays_exact(default_model, device):
+    """``from_gguf_on_device`` in bf16, as a GPU loads the default model (eager here on the CPU):
+    the Q4_1 layers on the 4-bit kernel, the Q8_0 output layer dense; the lean forward's
+    fingerprint (the shipped head finds it); its greedy tokens on real code mostly those of the
+    quantized lean forward; every split of a sequence gives the same bits; speculative greedy
+    with each drafter equals its own plain greedy."""
+    from decoding.models.loading import default_gguf_path
+    from tests.test_real_model import stdlib_prompts
+
+    forward = from_gguf_on_device(
+        str(default_gguf_path()), torch.device(device), torch.bfloat16, capacity=512
+    )
+    assert forward.formats == f"F32+Q4_1+Q8_0 as bfloat16 on {device}"
+    layer = forward.weights.layers[0]
+    assert all(isinstance(p, Int4Product) for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+    assert isinstance(forward.weights.output, DenseProduct)
+    assert forward.fingerprint == default_model.forward.fingerprint
+    tokens = default_model.tokenizer(stdlib_prompts(1, prompt_chars=1200)[0])["input_ids"][:200]
+    want = default_model.forward(tokens, default_model.forward.new_cache())
+    cache = forward.new_cache()
+    got = forward(tokens, cache)
+    agree = (got.argmax(-1).cpu() == want.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
+    split = forward.new_cache()
+    pieces = torch.cat(
+        [forward(tokens[:37], split), forward(tokens[37:38], split), forward(tokens[38:], split)]
+    )
+    assert torch.equal(pieces, got)
+    assert torch.equal(split.keys[:, :, :200], cache.keys[:, :, :200])
+    loaded = LoadedModel(
+        model=None,
+        tokenizer=default_model.tokenizer,
+        device=forward.device,
+        dtype=forward.dtype,
+        source="default, 4-bit blocks",
+        forward=forward,
+        config=default_model.config,
+        quantization=forward.formats,
+    )
+    engine = SpeculativeEngine(loaded)
+    config = GenerationConfig(max_new_tokens=24)
+    for prompt in stdlib_prompts(3, prompt_chars=800):
+        ids = engine.encode(prompt)[-150:]
+        plain = engine.generate(ids, config)
+        for name in ("ngram", "head", "auto"):
+            head = load_head_drafter(loaded, "auto", bits=None) if name != "ngram" else None
+            result = engine.generate(ids, config, make_drafter(name, draft_head=head, cost=engine.cost))
+            assert result.token_ids == plain.token_ids, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_model_quantized_to_4_bits_at_load_stays_exact_under_speculation(device):
+    """``int4`` for a safetensors Llama on the graphed forward (what ``load_model`` builds on CUDA):
+    every layer's products Q4_1 blocks on the 4-bit kernel, the output layer dense; its greedy
+    tokens mostly the dense model's; 200 prompt/stop cases with a 4-bit draft model (one-row
+    steps) and n-grams equal its own plain greedy."""
+    place, bf16 = torch.device(device), torch.bfloat16
+    targets = [tiny_model(seed, layers=2, logit_scale=8.0, max_positions=1024) for seed in (21, 22)]
+    four = [GraphedForward.from_lean(from_transformers(t, 0), place, bf16, bits=4) for t in targets]
+    layer = four[0].weights.layers[0]
+    assert all(isinstance(p, Int4Product) for p in (layer.qkv, layer.out, layer.gate_up, layer.down))
+    assert isinstance(four[0].weights.output, DenseProduct) and four[0].formats.startswith("Q4_1 at load")
+    tokens = [random.Random(3).randrange(64) for _ in range(64)]
+    dense = graphed(targets[0], device, bf16)
+    got, want = four[0](tokens, four[0].new_cache()), dense(tokens, dense.new_cache())
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.8
+    near = [
+        GraphedForward.from_lean(
+            from_transformers(perturbed_copy(t, i, 0.3), 0), place, bf16, bits=4, widths=DRAFT_WIDTHS
+        )
+        for i, t in enumerate(targets)
+    ]
+    assert_speculative_greedy_is_plain_greedy(four, near, "auto", graphed_loaded)

@@ -199,3 +199,34 @@ def test_each_llama_cpp_build_variant_is_cached_apart(tmp_path, monkeypatch):
         llama_server.llama_server_binary(build=False, variant="avx2")
     with pytest.raises(llama_server.LlamaServerError, match="unknown variant"):
         llama_server.build_llama_cpp([llama_server.SERVER], variant="avx512")
+
+
+def test_a_k_quant_file_goes_to_a_gpu_as_its_own_4bit_blocks(tiny: dict[str, Path]) -> None:
+    """What a GPU loads for a Q4_K_M file (``from_gguf_on_device`` in bf16; eager here on the
+    CPU, on the CPU's variant of the 4-bit kernel): Q4_K tensors as 4-bit groups of 32 with their
+    sub-blocks' scales and mins, Q6_K ones (and a q/k/v whose v is Q6_K) dense; Qwen2's biases and
+    rotate-half rows as the lean forward has them. Its logits are the lean forward's on the same
+    file up to bf16, and so is its fingerprint (a head trained for the file finds it)."""
+    import random
+
+    import torch
+
+    from decoding.forward.graphed import from_gguf_on_device
+    from decoding.forward.graphed_weights import DenseProduct, Int4Product
+    from decoding.forward.llama import from_gguf
+
+    path = str(tiny["Q4_K_M"])
+    graphed = from_gguf_on_device(path, torch.device("cpu"), torch.bfloat16, capacity=256)
+    first, second = graphed.weights.layers
+    assert isinstance(first.down, Int4Product) and isinstance(second.down, DenseProduct)
+    assert isinstance(first.qkv, Int4Product) and isinstance(second.qkv, DenseProduct)
+    assert all(isinstance(layer.gate_up, Int4Product) for layer in (first, second))
+    assert first.qkv_bias is not None and isinstance(graphed.weights.output, DenseProduct)
+    lean = from_gguf(path)
+    assert graphed.fingerprint == lean.fingerprint
+    rng = random.Random(0)
+    tokens = [rng.randrange(200, 30000) for _ in range(100)]
+    want = lean(tokens, lean.new_cache())
+    got = graphed(tokens, graphed.new_cache())
+    similar = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+    assert similar.min().item() > 0.99, similar.min()

@@ -25,9 +25,17 @@ at its first pass; the graphs share one memory pool for their intermediates (non
 pass), and the inputs (token ids, positions) and outputs (logits) are buffers of the forward.
 On the CPU the same pass runs eagerly: that is what the tests use where there is no GPU.
 
-Weights are the dense fp32 layers of a ``LlamaForward`` (a GGUF's blocks dequantized exactly,
-``from_gguf(dense=True)``), cast to ``dtype`` on the device: bf16 rounds them there (8 bits of
-mantissa, below the 4-bit quantization's own error), fp32 keeps them exact.
+Weights (``graphed_weights.py``): a GGUF's 4-bit blocks as they are where the kernel takes them
+(bf16 only), every other tensor dense in ``dtype`` (``from_gguf_on_device``); or the dense fp32
+layers of a ``LlamaForward`` cast to ``dtype`` (``from_lean``): bf16 rounds them (8 bits of
+mantissa, below a 4-bit quantization's own error), fp32 keeps them exact. Embeddings are looked up
+where the table lies (on the host in a GGUF's blocks: a 7B's table stays off the GPU) and copied
+into the pass's input buffer.
+
+Widths: a target feeds every pass at one width. A draft model needs no batch invariance (the
+target verifies whatever it proposes, and q is what it really drew from), so it is built with a
+one-row width beside the full one: its one-token steps replay a one-row graph, its prompt chunks
+the full-width one (``DRAFT_WIDTHS``).
 """
 
 from __future__ import annotations
@@ -36,30 +44,37 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from decoding.forward.llama import LlamaForward, LlamaShape
+from decoding.forward.graphed_weights import (
+    DenseProduct,
+    GraphedLayer,
+    GraphedWeights,
+    Product,
+    Rows,
+    device_product,
+    fingerprint,
+)
+from decoding.forward.llama import (
+    PRODUCTS,
+    BlockEmbedding,
+    GgufWeights,
+    LlamaForward,
+    LlamaShape,
+    head_scales,
+    joined_qkv_bias,
+    rotary_table,
+)
+from decoding.forward.quant.gguf_blocks import decode_tensor, quantize_dense
+from decoding.forward.quant.layers import concat_rows
 
 log = logging.getLogger(__name__)
 
 WIDTH = 16  # rows in every pass: a verify pass of a 15-token draft fits in one
+DRAFT_WIDTHS = (1, WIDTH)  # a draft model's passes: one-token steps, and prompt chunks
 CAPACITY = 4096  # cache positions (attention reads them all): 94 MB a cache for SmolLM2 in bf16
-
-
-@dataclass
-class GraphedLayer:
-    attn_norm: torch.Tensor
-    qkv: torch.Tensor  # (out, in) weights, rotary pairs adjacent as in ``LlamaForward``
-    out: torch.Tensor
-    ffn_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    qkv_bias: torch.Tensor | None = None  # as in ``LlamaLayer``
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
 
 
 class GraphedCache:
@@ -72,7 +87,7 @@ class GraphedCache:
         self.values = torch.zeros(size, device=device, dtype=dtype)
         self.hidden = torch.zeros(capacity, shape.dim, device=device)  # post-norm, as in ``KVCache``
         self.length = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # one per pass width, captured at first use
 
     def get_seq_length(self) -> int:
         return self.length
@@ -90,38 +105,44 @@ class GraphedForward:
 
     def __init__(
         self,
-        lean: LlamaForward,
+        shape: LlamaShape,
+        weights: GraphedWeights,
         device: torch.device,
         dtype: torch.dtype,
-        width: int = WIDTH,
+        widths: Sequence[int] = (WIDTH,),
         capacity: int = CAPACITY,
     ) -> None:
-        s = lean.shape
-        self.device, self.dtype, self.width = device, dtype, width
+        s = shape
+        self.device, self.dtype = device, dtype
+        self.widths = tuple(sorted(set(widths)))
+        self.width = self.widths[-1]
         self.capacity = min(capacity, s.max_context)
-        self.shape = s
-        self.max_context = self.capacity - width  # padded rows of the last pass need room too
-        self.formats = f"{lean.formats} as {str(dtype).removeprefix('torch.')} on {device.type}"
-        self.layers = [_layer(layer, device, dtype) for layer in lean.layers]
-        self.final_norm = lean.norm.to(device, dtype)
-        self.output = lean.output_layer.weight.to(device, dtype)
-        table = lean.embedding_table
-        tied = table is None or table.data_ptr() == lean.output_layer.weight.data_ptr()
-        self.table = self.output if tied else table.to(device, dtype)
-        self.rotary = lean.rotary[: self.capacity].to(device)
-        self.head_scale = lean.head_scale.to(device)
+        self.shape, self.weights = shape, weights
+        self.max_context = self.capacity - self.width  # padded rows of the last pass need room too
+        self.formats = f"{weights.formats} as {str(dtype).removeprefix('torch.')} on {device.type}"
+        self.rotary = rotary_table(s)[: self.capacity].to(device)
+        self.head_scale = head_scales(s).to(device)
         # Which target a draft head was trained for: the lean forward's own fingerprint, since
         # this one's weights are rounded to ``dtype`` (``LlamaForward.fingerprint``).
-        self.fingerprint = lean.fingerprint
+        self.fingerprint = weights.fingerprint
         # A pass of up to ``width`` tokens costs one replay; the engine's cost model starts here.
-        self.cost_prior = {n: float(math.ceil(n / width)) for n in (1, width, width + 1, 4 * width)}
-        self._ids = torch.zeros(width, dtype=torch.long, device=device)
-        self._positions = torch.zeros(width, dtype=torch.long, device=device)
+        sizes = (1, self.width, self.width + 1, 4 * self.width)
+        self.cost_prior = {n: float(math.ceil(n / self.width)) for n in sizes}
+        self._embedded = torch.zeros(self.width, s.dim, device=device, dtype=dtype)
+        self._positions = torch.zeros(self.width, dtype=torch.long, device=device)
         self._key_index = torch.arange(self.capacity, device=device)
-        self._logits = torch.zeros(width, s.vocab, device=device)
+        self._logits = torch.zeros(self.width, s.vocab, device=device)
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self._keeper: GraphedCache | None = None
         self.warmup_s = self._warm_up()
+
+    @classmethod
+    def from_lean(
+        cls, lean: LlamaForward, device: torch.device, dtype: torch.dtype, bits: int = 0, **kwargs
+    ) -> GraphedForward:
+        """A lean forward of dense fp32 layers (``DenseLinear``) moved to ``device`` in ``dtype``
+        (``bits`` 4: quantized at load, ``dense_weights``)."""
+        return cls(lean.shape, dense_weights(lean, device, dtype, bits), device, dtype, **kwargs)
 
     @property
     def vocab_size(self) -> int:
@@ -132,20 +153,15 @@ class GraphedForward:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids -> (rows, dim) fp32 embeddings on the device, as a draft head reads them."""
-        return self.table[ids.to(self.device)].float()
+        return self.weights.embed(ids).to(self.device).float()
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the output layer, fp32 on the device (``ModelPass.output_rows``)."""
-        return self.output[ids.to(self.device)].float()
+        return self.weights.output_rows(ids).to(self.device).float()
 
     def nbytes(self) -> int:
         """Bytes of weights on the device (a tied embedding counted once)."""
-        tensors = [self.final_norm, self.output]
-        if self.table is not self.output:
-            tensors.append(self.table)
-        for layer in self.layers:
-            tensors += [layer.attn_norm, layer.qkv, layer.out, layer.ffn_norm, layer.gate_up, layer.down]
-        return sum(t.nbytes for t in tensors)
+        return self.weights.nbytes()
 
     @torch.inference_mode()
     def __call__(
@@ -176,37 +192,42 @@ class GraphedForward:
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def _run(self, piece: list[int], cache: GraphedCache) -> None:
-        """One pass of ``width`` rows: ``piece`` padded with its last token, at the next positions."""
-        padded = piece + piece[-1:] * (self.width - len(piece))
-        self._ids.copy_(torch.tensor(padded))
+        """One pass of the narrowest width that holds ``piece``, padded with its last token, at
+        the next positions."""
+        width = next(w for w in self.widths if w >= len(piece))
+        padded = piece + piece[-1:] * (width - len(piece))
+        self._embedded[:width].copy_(self.weights.embed(torch.tensor(padded)))
         self._positions.copy_(torch.arange(cache.length, cache.length + self.width))
         if self._pool is None:
-            self._pass(cache.keys, cache.values, cache.hidden)
+            self._pass(width, cache)
             return
-        if cache.graph is None:
-            cache.graph = self._capture(cache)
-        cache.graph.replay()
+        graph = cache.graphs.get(width)
+        if graph is None:
+            graph = cache.graphs[width] = self._capture(width, cache)
+        graph.replay()
 
-    def _capture(self, cache: GraphedCache) -> torch.cuda.CUDAGraph:
+    def _capture(self, width: int, cache: GraphedCache) -> torch.cuda.CUDAGraph:
         """The pass over ``cache`` recorded once; it writes only buffers that outlive it."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._pass(cache.keys, cache.values, cache.hidden)
+            self._pass(width, cache)
         return graph
 
     def _warm_up(self) -> float:
-        """Run the pass once eagerly (libraries pick and load their kernels) and, on CUDA, capture
-        and replay one graph, so the first request pays for none of it. Seconds taken."""
+        """Run each width's pass once eagerly (libraries pick and load their kernels) and, on CUDA,
+        capture and replay its graph, so the first request pays for none of it. Seconds taken."""
         began = time.perf_counter()
         with torch.inference_mode():
             cache = self.new_cache()
-            if self._pool is not None:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self._pass(cache.keys, cache.values, cache.hidden)
-                torch.cuda.current_stream().wait_stream(side)
-            self([0], cache)
+            for width in self.widths:
+                if self._pool is not None:
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        self._pass(width, cache)
+                    torch.cuda.current_stream().wait_stream(side)
+                self([0] * width, cache)
+                cache.crop(0)
             if self._pool is not None:
                 torch.cuda.synchronize(self.device)
                 # The shared pool lives as long as one of its graphs: keep this one, or the pool
@@ -214,21 +235,21 @@ class GraphedForward:
                 self._keeper = cache
         return time.perf_counter() - began
 
-    def _pass(self, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The whole pass on the static buffers: ids and positions in, logits and a cache's
-        keys, values and hidden states out."""
-        s, positions = self.shape, self._positions
-        h = self.table[self._ids]
+    def _pass(self, width: int, cache: GraphedCache) -> None:
+        """The whole pass of ``width`` rows on the static buffers: embedded rows and positions
+        in, logits and the cache's keys, values and hidden states out."""
+        s, positions = self.shape, self._positions[:width]
+        h = self._embedded[:width]
         rotary = self.rotary[positions][:, None, :] * self.head_scale  # (width, heads + kv_heads, half)
-        mask = torch.zeros(self.width, self.capacity, device=self.device, dtype=self.dtype)
+        mask = torch.zeros(width, self.capacity, device=self.device, dtype=self.dtype)
         mask.masked_fill_(self._key_index[None, :] > positions[:, None], float("-inf"))
         mask = mask.repeat(s.group, 1)  # one row per stacked query row (``_attention``)
-        for index, layer in enumerate(self.layers):
-            h = h + self._attention(layer, h, rotary, mask, keys[index], values[index])
+        for index, layer in enumerate(self.weights.layers):
+            h = h + self._attention(layer, h, rotary, mask, cache.keys[index], cache.values[index])
             h = h + self._feed_forward(layer, h)
-        normed = F.rms_norm(h, (s.dim,), self.final_norm, s.norm_eps)
-        hidden.index_copy_(0, positions, normed.float())
-        self._logits.copy_(F.linear(normed, self.output))
+        normed = F.rms_norm(h, (s.dim,), self.weights.final_norm, s.norm_eps)
+        cache.hidden.index_copy_(0, positions, normed.float())
+        self._logits[:width].copy_(self.weights.output(normed))
 
     def _attention(
         self,
@@ -240,8 +261,9 @@ class GraphedForward:
         values: torch.Tensor,
     ) -> torch.Tensor:
         """One layer's attention; ``keys``/``values``: its (kv_heads, capacity, head_dim) cache."""
-        s, rows = self.shape, self.width
-        qkv = F.linear(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps), layer.qkv, layer.qkv_bias)
+        s, rows = self.shape, h.shape[0]
+        positions = self._positions[:rows]
+        qkv = layer.qkv(F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps), layer.qkv_bias)
         qkv = qkv.view(rows, s.heads + 2 * s.kv_heads, s.head_dim)
         rotated = s.heads + s.kv_heads
         qk = qkv[:, :rotated]
@@ -252,40 +274,129 @@ class GraphedForward:
         qk = torch.view_as_real(torch.view_as_complex(qk) * rotary).view(rows, rotated, s.head_dim)
         qk = qk.to(self.dtype)
         v = qkv[:, rotated:]
-        keys.index_copy_(1, self._positions, qk[:, s.heads :].transpose(0, 1))
-        values.index_copy_(1, self._positions, v.transpose(0, 1))
+        keys.index_copy_(1, positions, qk[:, s.heads :].transpose(0, 1))
+        values.index_copy_(1, positions, v.transpose(0, 1))
         # Query heads sharing a kv head are stacked as rows: (1, kv_heads, group * rows, head_dim),
         # so one fused attention call serves grouped queries (its kernels work in fp32 inside).
         q = qk[:, : s.heads].reshape(rows, s.kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
         q = q.reshape(1, s.kv_heads, s.group * rows, s.head_dim)
         attended = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, scale=1.0)
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
-        return F.linear(merged.reshape(rows, s.attention_dim), layer.out)
+        return layer.out(merged.reshape(rows, s.attention_dim))
 
     def _feed_forward(self, layer: GraphedLayer, h: torch.Tensor) -> torch.Tensor:
         s = self.shape
         normed = F.rms_norm(h, (s.dim,), layer.ffn_norm, s.norm_eps)
-        gate, up = F.linear(normed, layer.gate_up).split(s.ffn, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+        gate, up = layer.gate_up(normed).split(s.ffn, dim=-1)
+        return layer.down(F.silu(gate) * up)
 
 
-def _layer(layer, device: torch.device, dtype: torch.dtype) -> GraphedLayer:
-    """A ``LlamaLayer`` of dense fp32 layers (``DenseLinear``) moved to ``device`` in ``dtype``."""
+def _moved(t: torch.Tensor | None, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(device, dtype).contiguous()
 
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(device, dtype).contiguous()
 
-    return GraphedLayer(
-        attn_norm=move(layer.attn_norm),
-        qkv=move(layer.qkv.weight),
-        out=move(layer.out.weight),
-        ffn_norm=move(layer.ffn_norm),
-        gate_up=move(layer.gate_up.weight),
-        down=move(layer.down.weight),
-        qkv_bias=move(layer.qkv_bias),
-        q_norm=move(layer.q_norm),
-        k_norm=move(layer.k_norm),
+def _rows_of(table: torch.Tensor) -> Rows:
+    def rows(ids: torch.Tensor) -> torch.Tensor:
+        return table[ids.to(table.device)]
+
+    return rows
+
+
+def dense_weights(
+    lean: LlamaForward, device: torch.device, dtype: torch.dtype, bits: int = 0
+) -> GraphedWeights:
+    """A lean forward's dense fp32 layers (``DenseLinear``) on ``device`` in ``dtype``; its tied or
+    dense embedding table there too. ``bits`` 4: each layer's products quantized at load as Q4_1
+    blocks (``quantize_dense``, what a GGUF of that type would hold) on the 4-bit kernel, the
+    output layer kept dense (a GGUF keeps it in 8 bits, which are dense here)."""
+
+    def layer_product(module) -> Product:
+        if bits != 4:
+            return dense(module)
+        return device_product(quantize_dense(module.weight.numpy(), 4), device, dtype)
+
+    def dense(module) -> Product:
+        return DenseProduct(module.weight.to(device, dtype).contiguous())
+
+    layers = [
+        GraphedLayer(
+            attn_norm=_moved(layer.attn_norm, device, dtype),
+            qkv=layer_product(layer.qkv),
+            out=layer_product(layer.out),
+            ffn_norm=_moved(layer.ffn_norm, device, dtype),
+            gate_up=layer_product(layer.gate_up),
+            down=layer_product(layer.down),
+            qkv_bias=_moved(layer.qkv_bias, device, dtype),
+            q_norm=_moved(layer.q_norm, device, dtype),
+            k_norm=_moved(layer.k_norm, device, dtype),
+        )
+        for layer in lean.layers
+    ]
+    output = dense(lean.output_layer)
+    table = lean.embedding_table
+    tied = table is None or table.data_ptr() == lean.output_layer.weight.data_ptr()
+    rows = _rows_of(output.weight if tied else table.to(device, dtype))
+    norm = _moved(lean.norm, device, dtype)
+    formats = "Q4_1 at load" if bits == 4 else lean.formats
+    return GraphedWeights(layers, norm, output, rows, _rows_of(output.weight), lean.fingerprint, formats)
+
+
+def from_gguf_on_device(path: str, device: torch.device, dtype: torch.dtype, **kwargs) -> GraphedForward:
+    """A GGUF's Llama on ``device``: its 4-bit blocks as they are where the kernel takes them,
+    the rest dense in ``dtype``; embeddings and output rows looked up in the file's blocks on the
+    host (``BlockEmbedding``)."""
+    file = GgufWeights(path, dense=False, kernels=False)
+    s = file.shape
+
+    def product(i: int, kinds: tuple[str, ...]) -> Product:
+        parts = [file.weight(kind, i) for kind in kinds]
+        return device_product(parts[0] if len(parts) == 1 else concat_rows(parts), device, dtype)
+
+    place = (device, dtype)
+
+    def optional(kind: str, i: int) -> torch.Tensor | None:
+        return _moved(file.optional(kind, i), device, dtype)
+
+    layers = [
+        GraphedLayer(
+            attn_norm=file.vector("attn_norm", i).to(device, dtype),
+            ffn_norm=file.vector("ffn_norm", i).to(device, dtype),
+            **{name: product(i, kinds) for name, kinds in PRODUCTS.items()},
+            qkv_bias=_moved(joined_qkv_bias(s, [file.optional(f"{x}_bias", i) for x in "qkv"]), *place),
+            q_norm=optional("q_norm", i),
+            k_norm=optional("k_norm", i),
+        )
+        for i in range(s.layers)
+    ]
+    out_name = "output.weight" if "output.weight" in file.index else "token_embd.weight"
+    blocks, embedding = file.blocks(out_name), file.blocks("token_embd.weight")
+    out_kind = file.index[out_name].kind
+    output = device_product(decode_tensor(blocks.blocks, out_kind, (s.vocab, s.dim)), device, dtype)
+    exact_rows = BlockEmbedding(blocks.blocks, out_kind, blocks.width)
+    norm = file.vector("norm", None)
+    identity = fingerprint(s.layers, s.dim, s.vocab, norm, exact_rows)  # the lean forward's
+    output_rows: Rows = exact_rows
+    embed: Rows = BlockEmbedding(embedding.blocks, file.index["token_embd.weight"].kind, embedding.width)
+    if out_name == "token_embd.weight" and isinstance(output, DenseProduct):
+        embed = output_rows = _rows_of(output.weight)  # the tied table is on the device anyway
+    weights = GraphedWeights(
+        layers,
+        norm.to(device, dtype),
+        output,
+        embed,
+        output_rows,
+        identity,
+        "+".join(sorted({t.kind.name for t in file.index.values()})),
     )
+    return GraphedForward(s, weights, device, dtype, **kwargs)
 
 
-__all__ = ["CAPACITY", "WIDTH", "GraphedCache", "GraphedForward"]
+__all__ = [
+    "CAPACITY",
+    "DRAFT_WIDTHS",
+    "WIDTH",
+    "GraphedCache",
+    "GraphedForward",
+    "dense_weights",
+    "from_gguf_on_device",
+]

@@ -25,7 +25,6 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
+from decoding.forward.graphed_weights import fingerprint
 from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
 from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.forward.quant.layers import (
@@ -174,7 +174,7 @@ class BlockEmbedding:
         self.blocks, self.kind, self.width = blocks, kind, width  # blocks: (rows, bytes per row)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.blocks[ids.reshape(-1).numpy()]
+        rows = self.blocks[ids.reshape(-1).cpu().numpy()]
         values = quants.dequantize(rows, self.kind).astype(np.float32).reshape(*ids.shape, self.width)
         return torch.from_numpy(values)
 
@@ -244,6 +244,21 @@ class KVCache:
         return self.kv.nbytes + self.hidden.nbytes
 
 
+def rotary_table(shape: LlamaShape) -> torch.Tensor:
+    """(positions, head_dim / 2) complex64: each position's rotation of each adjacent pair."""
+    half = shape.head_dim // 2
+    freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
+    positions = torch.arange(shape.max_context, dtype=torch.float64) / shape.rope_scale
+    angles = torch.outer(positions, freqs)
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+
+
+def head_scales(shape: LlamaShape) -> torch.Tensor:
+    """(heads + kv_heads, 1): q's rows also take the attention scale (applied with the rotation),
+    k's rows do not."""
+    return torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
+
+
 class LlamaForward:
     """Logits for tokens fed after a ``KVCache``; the model's weights and rotary table."""
 
@@ -262,14 +277,10 @@ class LlamaForward:
         self.cost_prior = dict(COST_PRIOR)
         self.max_context: int | None = None  # its cache grows: the model's context is the limit
         half = shape.head_dim // 2
-        freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
-        positions = torch.arange(shape.max_context, dtype=torch.float64) / shape.rope_scale
-        angles = torch.outer(positions, freqs)
-        self.rotary = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (positions, half)
-        # q's rows also take the attention scale (applied with the rotation), k's rows do not,
-        # and v's are not rotated: they are multiplied by exactly 1 + 0i, which leaves them as
+        self.rotary = rotary_table(shape)
+        self.head_scale = head_scales(shape)
+        # v's rows are not rotated: they are multiplied by exactly 1 + 0i, which leaves them as
         # they are, so q, k and v come out of one multiply.
-        self.head_scale = torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
         self.unrotated = torch.ones(1, shape.kv_heads, half, dtype=torch.complex64)
         # Attention on the native kernels where the products run there (one call a layer, each row
         # on its own); else torch's products, padded to the rows this CPU needs
@@ -293,9 +304,7 @@ class LlamaForward:
         """Which target a draft head was trained for: the shape and a digest of the final norm
         and the first output rows (a graphed forward carries its lean forward's)."""
         s = self.shape
-        digest = hashlib.sha256(self.norm.detach().float().numpy().tobytes())
-        digest.update(self.output_rows(torch.arange(min(16, s.vocab))).detach().float().numpy().tobytes())
-        return f"{s.layers}x{s.dim}x{s.vocab}:{digest.hexdigest()[:16]}"
+        return fingerprint(s.layers, s.dim, s.vocab, self.norm, self.output_rows)
 
     @property
     def embedding_table(self) -> torch.Tensor | None:
@@ -492,7 +501,7 @@ def _assemble(
                 attn_norm=vector("attn_norm", i),
                 ffn_norm=vector("ffn_norm", i),
                 **products,
-                qkv_bias=_qkv_bias(shape, [optional(f"{x}_bias", i) for x in "qkv"]),
+                qkv_bias=joined_qkv_bias(shape, [optional(f"{x}_bias", i) for x in "qkv"]),
                 q_norm=optional("q_norm", i),
                 k_norm=optional("k_norm", i),
             )
@@ -510,7 +519,7 @@ def _torch_linear(weight):
     return linear
 
 
-def _qkv_bias(shape: LlamaShape, biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+def joined_qkv_bias(shape: LlamaShape, biases: list[torch.Tensor | None]) -> torch.Tensor | None:
     """q, k and v's biases as one vector (a missing one zeros); None where the model has none."""
     if all(b is None for b in biases):
         return None
@@ -591,11 +600,14 @@ class GgufWeights:
     the blocks' 4-bit terms), norms, biases. Rows of q and k (and their biases and norms) kept in
     rotate-half order (``halves``) are permuted into adjacent pairs."""
 
-    def __init__(self, path: str, dense: bool) -> None:
+    def __init__(self, path: str, dense: bool, kernels: bool = True) -> None:
+        """``dense``: weights as fp32 values; ``kernels``: False keeps the native kernels unloaded
+        (the weights go to another device)."""
         self.shape, self.index, self.halves = gguf_index(path)
         self.data = np.memmap(path, mode="r")
         self.dense = dense
-        self.native = None if dense else kernels_for(int(t.kind) for t in self.index.values())
+        native = kernels and not dense
+        self.native = kernels_for(int(t.kind) for t in self.index.values()) if native else None
         self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
         self.torch_linear = _torch_linear(self.weight)
 

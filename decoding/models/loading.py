@@ -326,33 +326,54 @@ def _cached_tokenizer(folder: Path) -> Any:
 
 
 def _lean_gguf(
-    path: Path, torch_device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+    path: Path, torch_device: torch.device, dtype: torch.dtype, trust_remote_code: bool, draft: bool
 ) -> LoadedModel | None:
-    """The GGUF on the lean forward: its own quantized blocks on the CPU, dense in ``dtype`` and
-    graphed on CUDA (``decoding/forward/graphed.py``). None where it does not apply (another
-    architecture): the caller then dequantizes through transformers."""
+    """The GGUF on the lean forward: its own quantized blocks on the CPU; on CUDA graphed, its
+    4-bit blocks as they are and the rest dense in ``dtype`` (``decoding/forward/graphed.py``).
+    None where it does not apply (another architecture): the caller then dequantizes through
+    transformers."""
     from decoding.forward.llama import UnsupportedModel, from_gguf
 
     graphed = torch_device.type == "cuda"
     try:
-        forward = from_gguf(str(path), dense=graphed)
+        if graphed:
+            forward = _on_device(path, torch_device, dtype, draft)
+        else:
+            forward = from_gguf(str(path))
     except UnsupportedModel as exc:
         log.info("%s: the lean forward does not cover %s; dequantizing instead", path.name, exc)
         return None
     config, tokenizer = _gguf_metadata(path, trust_remote_code)
-    if graphed:
-        return _graphed(forward, tokenizer, config, torch_device, dtype, str(path))
     give_back_freed_memory()
-    return LoadedModel.on_lean(
-        forward, tokenizer, config, torch_device, torch.float32, str(path), forward.formats
-    )
+    dtype = dtype if graphed else torch.float32
+    return LoadedModel.on_lean(forward, tokenizer, config, torch_device, dtype, str(path), forward.formats)
 
 
-def _graphed(lean: Any, tokenizer: Any, config: Any, device: torch.device, dtype: torch.dtype, source: str):
-    """A dense lean forward moved to ``device`` and captured in CUDA graphs (warmed up here)."""
-    from decoding.forward.graphed import GraphedForward
+def _on_device(path: Path, device: torch.device, dtype: torch.dtype, draft: bool) -> Any:
+    """A GGUF graphed on ``device`` (a draft with a one-row step beside the full width)."""
+    from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, from_gguf_on_device
 
-    forward = GraphedForward(lean, device, dtype)
+    forward = from_gguf_on_device(str(path), device, dtype, widths=DRAFT_WIDTHS if draft else (WIDTH,))
+    log.info("%s on %s: CUDA graphs warmed up in %.1f s", path.name, device, forward.warmup_s)
+    return forward
+
+
+def _graphed(
+    lean: Any,
+    tokenizer: Any,
+    config: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    source: str,
+    draft: bool,
+    bits: int,
+):
+    """A dense lean forward moved to ``device`` (``bits`` 4: quantized at load) and captured in
+    CUDA graphs (warmed up here)."""
+    from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward
+
+    widths = DRAFT_WIDTHS if draft else (WIDTH,)
+    forward = GraphedForward.from_lean(lean, device, dtype, bits=bits, widths=widths)
     log.info("%s on %s: CUDA graphs warmed up in %.1f s", source, device, forward.warmup_s)
     return LoadedModel.on_lean(forward, tokenizer, config, device, dtype, source, forward.formats)
 
@@ -414,14 +435,17 @@ def load_model(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     transformers_forward: bool = False,
+    draft: bool = False,
 ) -> LoadedModel:
     """Load a causal LM for inference from a folder, a ``.gguf`` file, a cached hub id or ``default``.
 
     ``quantization``: ``auto`` keeps a GGUF's quantized blocks on the CPU (lean forward) and
     leaves other models' weights as they are; ``none`` dequantizes GGUF files (through a cached
-    safetensors copy); ``int4`` / ``int8`` also quantize a safetensors Llama at load (CPU
-    only). On CUDA, every setting but ``none`` runs a Llama-family model on the graphed lean
-    forward, dense in ``dtype``. On the CPU in fp32 a Llama-family model runs on the lean
+    safetensors copy); ``int4`` / ``int8`` also quantize a safetensors Llama at load (on CUDA
+    ``int4`` only: 8 bits stay dense there). On CUDA, every setting but ``none`` runs a
+    Llama-family model on the graphed lean forward: a GGUF's 4-bit blocks as they are (bf16),
+    other weights dense in ``dtype``; ``draft`` adds a one-row step (a draft model's). On the CPU
+    in fp32 a Llama-family model runs on the lean
     forward with dense layers, whose rows do not depend on the pass they ride in (transformers'
     forward picks kernels by row count, so speculative output there would equal plain output
     only as measured, not by construction); ``transformers_forward`` keeps transformers' own
@@ -440,7 +464,7 @@ def load_model(
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
         if quantize_cpu or graphed:
-            lean = _lean_gguf(path, torch_device, torch_dtype, trust_remote_code)
+            lean = _lean_gguf(path, torch_device, torch_dtype, trust_remote_code, draft)
             if lean is not None:
                 return lean
         model, tokenizer = _converted_gguf(path, torch_dtype, trust_remote_code)
@@ -448,7 +472,7 @@ def load_model(
         model, tokenizer = _folder_or_hub(path, spec, torch_dtype, trust_remote_code, allow_pickle)
     source = str(path if path.exists() else spec)
     return _transformers_loaded(
-        model, tokenizer, torch_device, torch_dtype, source, quantization, transformers_forward
+        model, tokenizer, torch_device, torch_dtype, source, quantization, transformers_forward, draft
     )
 
 
@@ -460,6 +484,7 @@ def _transformers_loaded(
     source: str,
     quantization: str,
     transformers_forward: bool,
+    draft: bool = False,
 ) -> LoadedModel:
     """A transformers model as it will serve: on the lean forward where it covers the model
     (quantized at load, graphed on CUDA, dense fp32 on the CPU), else transformers' own."""
@@ -470,7 +495,8 @@ def _transformers_loaded(
     if quantization != "none" and device.type == "cuda":
         dense = _quantized_at_load(model.float(), 0)
         if dense is not None:
-            return _graphed(dense, tokenizer, model.config, device, dtype, source)
+            bits = 4 if quantization == "int4" else 0  # int8 stays dense: no faster kernel for it
+            return _graphed(dense, tokenizer, model.config, device, dtype, source, draft, bits)
     fp32_cpu = device.type == "cpu" and dtype == torch.float32
     if fp32_cpu and not transformers_forward:
         lean = _lean_at_load(model, tokenizer, device, source, "none")

@@ -47,6 +47,7 @@ def load_runtime(settings: Settings) -> LocalRuntime:
             device=settings.device,
             dtype=settings.dtype,
             quantization=settings.quantization,
+            draft=True,
         )
         check_draft_compatible(target, draft)
     runtime = assemble_runtime(settings, target, draft)
