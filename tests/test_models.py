@@ -102,3 +102,25 @@ def test_a_draft_with_another_vocabulary_is_rejected():
     other = loaded(tiny_model(3, vocab_size=32), TinyTokenizer(32))
     with pytest.raises(ModelLoadError, match="does not share the target's vocabulary"):
         check_draft_compatible(target, other)
+
+
+def test_a_pass_over_many_rows_gives_its_activations_back_to_the_os(monkeypatch):
+    """The lean forward trims the heap after a pass of ``TRIM_ROWS`` rows or more (a prefill's
+    activations would stay resident otherwise: ``decoding/memory.py``), not after shorter ones;
+    trimming works where glibc is (a no-op elsewhere) and changes no result."""
+    import decoding.forward.llama as llama
+    from decoding.forward.llama import from_transformers
+    from decoding.memory import TRIM_ROWS, trim_heap
+
+    trimmed = []
+    monkeypatch.setattr(llama, "trim_heap", lambda: (trimmed.append(True), trim_heap()))
+    forward = from_transformers(tiny_model(3, layers=2, max_positions=1024), 4)
+    tokens = [i % 60 for i in range(TRIM_ROWS + 5)]
+    cache = forward.new_cache()
+    short = forward(tokens[: TRIM_ROWS - 1], cache)
+    assert not trimmed
+    rest = forward(tokens[TRIM_ROWS - 1 :], cache)
+    assert not trimmed  # 6 rows
+    whole = forward(tokens, forward.new_cache())
+    assert trimmed == [True]
+    assert torch.equal(whole, torch.cat([short, rest]))

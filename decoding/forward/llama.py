@@ -47,6 +47,7 @@ from decoding.forward.quant.layers import (
     concat_rows,
     linear_for,
 )
+from decoding.memory import TRIM_ROWS, trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +352,11 @@ class LlamaForward:
         cache.length = end
         normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
         cache.hidden[start:end] = normed
-        return self.output_layer(normed[-keep:] if keep else normed, allowed, greedy_only)
+        logits = self.output_layer(normed[-keep:] if keep else normed, allowed, greedy_only)
+        if rows >= TRIM_ROWS:
+            del h, normed
+            trim_heap()  # the pass's activations, back to the OS (``decoding/memory.py``)
+        return logits
 
     def _attention(
         self,

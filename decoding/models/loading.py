@@ -17,8 +17,6 @@ directory keyed by the file's sha256; later starts load that copy in seconds.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import hashlib
 import json
 import logging
@@ -36,6 +34,7 @@ import torch
 from decoding.choices import QUANTIZATIONS, Quantization
 from decoding.forward.cpu_matmul import use_small_batch_linear
 from decoding.forward.model_pass import ModelPass, TransformersPass
+from decoding.memory import give_back_freed_memory
 from decoding.models.discovery import (
     ModelLoadError,
     default_gguf_path,
@@ -378,17 +377,6 @@ def _graphed(
     return LoadedModel.on_lean(forward, tokenizer, config, device, dtype, source, forward.formats)
 
 
-def give_back_freed_memory() -> None:
-    """Return the heap that loading freed to the OS (glibc keeps it otherwise: unpacking the blocks
-    and the tokenizer's load leave a large share of a ready server's resident memory). No library call
-    does this; a no-op off glibc. Call it again after other load-time work (it trims every
-    thread's arena, not only the caller's). Collected first: unpacking leaves arrays in reference
-    cycles (hundreds of MB for a Qwen 0.5B on torch's kernel) that only a full collection frees."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
     """A transformers Llama on the lean forward, its linear layers quantized to ``bits`` (0: dense
     fp32, for the graphed forward), or None if not a Llama."""
@@ -445,11 +433,11 @@ def load_model(
     ``int4`` only: 8 bits stay dense there). On CUDA, every setting but ``none`` runs a
     Llama-family model on the graphed lean forward: a GGUF's 4-bit blocks as they are (bf16),
     other weights dense in ``dtype``; ``draft`` adds a one-row step (a draft model's). On the CPU
-    in fp32 a Llama-family model runs on the lean
-    forward with dense layers, whose rows do not depend on the pass they ride in (transformers'
-    forward picks kernels by row count, so speculative output there would equal plain output
-    only as measured, not by construction); ``transformers_forward`` keeps transformers' own
-    forward instead (the reference in tests, the peers in benchmarks, a head's training states).
+    in fp32 a Llama-family model runs on the lean forward with dense layers, whose rows do not
+    depend on the pass they ride in (transformers' forward picks kernels by row count, so
+    speculative output there would equal plain output only as measured, not by construction);
+    ``transformers_forward`` keeps transformers' own forward instead (the reference in tests, the
+    peers in benchmarks, a head's training states).
     """
     if quantization not in QUANTIZATIONS:
         raise ModelLoadError(f"unknown quantization {quantization!r}; one of {', '.join(QUANTIZATIONS)}")

@@ -35,7 +35,8 @@ def load_runtime(settings: Settings) -> LocalRuntime:
     """Load target (and draft) for ``settings``; raises with a message meant for the user."""
     import_decoding()
     from decoding import load_model
-    from decoding.models.loading import check_draft_compatible, give_back_freed_memory
+    from decoding.memory import give_back_freed_memory
+    from decoding.models.loading import check_draft_compatible
 
     target = load_model(
         settings.model, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
