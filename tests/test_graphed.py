@@ -203,6 +203,19 @@ def dense_default():
     )
 
 
+def with_default_tokenizer(forward: GraphedForward, default_model: LoadedModel) -> LoadedModel:
+    """A graphed copy of the default model, served with its tokenizer and config."""
+    return LoadedModel.on_lean(
+        forward,
+        default_model.tokenizer,
+        default_model.config,
+        forward.device,
+        forward.dtype,
+        "default, graphed",
+        forward.formats,
+    )
+
+
 @pytest.mark.real_model
 def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does(
     default_model, dense_default, monkeypatch
@@ -237,16 +250,7 @@ def test_the_shipped_head_drafts_for_the_default_model_on_the_graphed_forward(de
     from benchmarks.decode_bench import stdlib_files
 
     assert dense_default.fingerprint == default_model.forward.fingerprint
-    loaded = LoadedModel(
-        model=None,
-        tokenizer=default_model.tokenizer,
-        device=dense_default.device,
-        dtype=dense_default.dtype,
-        source="default, dense",
-        forward=dense_default,
-        config=default_model.config,
-        quantization=dense_default.formats,
-    )
+    loaded = with_default_tokenizer(dense_default, default_model)
     head = load_head_drafter(loaded, "auto", bits=None)
     assert head is not None and head.folder.endswith("smollm2-135m-instruct")
     engine = SpeculativeEngine(loaded)
@@ -354,16 +358,7 @@ def test_the_default_gguf_on_the_device_path_is_its_quantized_model_and_stays_ex
     )
     assert torch.equal(pieces, got)
     assert torch.equal(split.keys[:, :, :200], cache.keys[:, :, :200])
-    loaded = LoadedModel(
-        model=None,
-        tokenizer=default_model.tokenizer,
-        device=forward.device,
-        dtype=forward.dtype,
-        source="default, 4-bit blocks",
-        forward=forward,
-        config=default_model.config,
-        quantization=forward.formats,
-    )
+    loaded = with_default_tokenizer(forward, default_model)
     engine = SpeculativeEngine(loaded)
     config = GenerationConfig(max_new_tokens=24)
     for prompt in stdlib_prompts(3, prompt_chars=800):

@@ -55,7 +55,6 @@ from decoding.forward.graphed_weights import (
     Product,
     Rows,
     device_product,
-    fingerprint,
 )
 from decoding.forward.llama import (
     PRODUCTS,
@@ -63,6 +62,7 @@ from decoding.forward.llama import (
     GgufWeights,
     LlamaForward,
     LlamaShape,
+    fingerprint,
     head_scales,
     joined_qkv_bias,
     rotary_table,
@@ -74,6 +74,13 @@ log = logging.getLogger(__name__)
 
 WIDTH = 16  # rows in every pass: a verify pass of a 15-token draft fits in one
 DRAFT_WIDTHS = (1, WIDTH)  # a draft model's passes: one-token steps, and prompt chunks
+
+
+def pass_widths(draft: bool) -> tuple[int, ...]:
+    """The widths a model's passes take: a draft's one-row step beside the full width."""
+    return DRAFT_WIDTHS if draft else (WIDTH,)
+
+
 CAPACITY = 4096  # cache positions (attention reads them all): 94 MB a cache for SmolLM2 in bf16
 
 
@@ -399,4 +406,5 @@ __all__ = [
     "GraphedForward",
     "dense_weights",
     "from_gguf_on_device",
+    "pass_widths",
 ]

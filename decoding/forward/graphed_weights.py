@@ -19,7 +19,6 @@ so the tests there exercise this mapping where no GPU is present.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,14 +179,6 @@ class GraphedWeights:
         return total
 
 
-def fingerprint(layers: int, dim: int, vocab: int, norm: torch.Tensor, output_rows: Rows) -> str:
-    """The shape and a digest of the final norm and the first output rows, fp32 on the host."""
-    digest = hashlib.sha256(norm.detach().float().cpu().numpy().tobytes())
-    first = output_rows(torch.arange(min(16, vocab)))
-    digest.update(first.detach().float().cpu().numpy().tobytes())
-    return f"{layers}x{dim}x{vocab}:{digest.hexdigest()[:16]}"
-
-
 __all__ = [
     "DenseProduct",
     "GraphedLayer",
@@ -195,7 +186,6 @@ __all__ = [
     "Int4Product",
     "Product",
     "device_product",
-    "fingerprint",
     "inner_k_tiles",
     "int4_kernel_works",
 ]

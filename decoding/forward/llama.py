@@ -25,6 +25,7 @@ llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into i
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,6 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
-from decoding.forward.graphed_weights import fingerprint
 from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
 from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.forward.quant.layers import (
@@ -258,6 +258,14 @@ def head_scales(shape: LlamaShape) -> torch.Tensor:
     """(heads + kv_heads, 1): q's rows also take the attention scale (applied with the rotation),
     k's rows do not."""
     return torch.tensor([shape.head_dim**-0.5] * shape.heads + [1.0] * shape.kv_heads)[:, None]
+
+
+def fingerprint(layers: int, dim: int, vocab: int, norm: torch.Tensor, output_rows: Embedding) -> str:
+    """The shape and a digest of the final norm and the first output rows, fp32 on the host."""
+    digest = hashlib.sha256(norm.detach().float().cpu().numpy().tobytes())
+    first = output_rows(torch.arange(min(16, vocab)))
+    digest.update(first.detach().float().cpu().numpy().tobytes())
+    return f"{layers}x{dim}x{vocab}:{digest.hexdigest()[:16]}"
 
 
 class LlamaForward:

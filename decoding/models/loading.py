@@ -350,9 +350,9 @@ def _lean_gguf(
 
 def _on_device(path: Path, device: torch.device, dtype: torch.dtype, draft: bool) -> Any:
     """A GGUF graphed on ``device`` (a draft with a one-row step beside the full width)."""
-    from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, from_gguf_on_device
+    from decoding.forward.graphed import from_gguf_on_device, pass_widths
 
-    forward = from_gguf_on_device(str(path), device, dtype, widths=DRAFT_WIDTHS if draft else (WIDTH,))
+    forward = from_gguf_on_device(str(path), device, dtype, widths=pass_widths(draft))
     log.info("%s on %s: CUDA graphs warmed up in %.1f s", path.name, device, forward.warmup_s)
     return forward
 
@@ -369,10 +369,9 @@ def _graphed(
 ):
     """A dense lean forward moved to ``device`` (``bits`` 4: quantized at load) and captured in
     CUDA graphs (warmed up here)."""
-    from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward
+    from decoding.forward.graphed import GraphedForward, pass_widths
 
-    widths = DRAFT_WIDTHS if draft else (WIDTH,)
-    forward = GraphedForward.from_lean(lean, device, dtype, bits=bits, widths=widths)
+    forward = GraphedForward.from_lean(lean, device, dtype, bits=bits, widths=pass_widths(draft))
     log.info("%s on %s: CUDA graphs warmed up in %.1f s", source, device, forward.warmup_s)
     return LoadedModel.on_lean(forward, tokenizer, config, device, dtype, source, forward.formats)
 
