@@ -56,25 +56,29 @@ def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
         assert torch.equal(layer(x[first : first + rows]), full[first : first + rows]), rows
 
 
+@pytest.mark.parametrize("out", [24, 7])  # pairs of weight rows only, and an odd one after them
 @pytest.mark.parametrize("kind", KINDS, ids=str)
-def test_a_pass_of_any_row_count_gives_each_row_what_it_gets_alone(kind):
-    """A pass of several rows runs krows.c's kernels (four rows to a weight block, then the rest),
-    a single row ggml's own vec_dot: every row count from 2 to 9, rows of magnitudes 1e-3 to 1e3
-    (one value far above the rest) and long weight rows (24 blocks of 256) give each row exactly
-    the outputs it has alone."""
+def test_a_pass_of_any_row_count_gives_each_row_what_ggmls_vec_dot_gives_it_alone(kind, out):
+    """A pass runs krows.c's kernels (four activation rows to a weight block, then the rest) and,
+    for Q4_K and Q6_K on AVX-512, kpairs.c's (two weight rows to a register), one row included:
+    every row count from 1 to 9, rows of magnitudes 1e-3 to 1e3 (one value far above the rest)
+    and long weight rows (24 blocks of 256) give each output exactly what ggml's own vec_dot
+    gives it for that row alone."""
     rng = np.random.default_rng(100 + int(kind))
     n_in = 6144
     if kind in (QType.F16, QType.BF16, QType.F32):
-        w, _ = weight(kind, rng, 24)
+        w, _ = weight(kind, rng, out)
         n_in = IN
     else:
-        w = Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, 24, n_in)), n_in)
+        w = Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, out, n_in)), n_in)
     layer = NativeLinear(NATIVE, [w])
     x = torch.randn(9, n_in, generator=torch.Generator().manual_seed(int(kind)))
     x *= torch.logspace(-3, 3, 9)[:, None]
     x[4, 11] = 3e4
-    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
-    for rows in range(2, 10):
+    alone = torch.empty(9, out)
+    for i in range(9):
+        NATIVE.matmul(w.kind, w.blocks, x[i : i + 1], alone[i : i + 1], 0, reference=True)
+    for rows in range(1, 10):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 

@@ -4,9 +4,11 @@ Why: torch's 4-bit kernel is the only quantized product torch has on the CPU. On
 faster than fp32, it takes no 16-value sub-blocks (Q6_K, Q3_K, Q2_K: padded terms, at 2.5 bytes a
 weight), and its packed copy doubles the weights' memory. llama.cpp's kernels multiply a GGUF's
 own blocks where they lie in the memory-mapped file, with activations quantized per block as
-llama.cpp quantizes them, tuned for each ISA. ``lsqmm.c`` calls them one output at a time, and
-``krows.c`` sums each output of a many-row pass exactly as they sum it alone (a weight block
-unpacked once for four rows), so each output is computed the same whatever the rows of a pass:
+llama.cpp quantizes them, tuned for each ISA. ``lsqmm.c`` calls them one output at a time where
+a type has nothing faster; ``krows.c`` (a weight block unpacked once for four rows) and, on
+AVX-512, ``kpairs.c`` (Q4_K and Q6_K, two weight rows to a register) sum each output exactly as
+they sum it alone, asking for the weights ahead of their use, so each output is computed the
+same whatever the rows of a pass:
 batch-invariant by construction, as the lean forward needs. Where rounding enters: the
 activations, quantized to the weight type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
@@ -49,6 +51,7 @@ class Kernels:
         lib.lsq_vec_dot_type.argtypes = [_INT]
         lib.lsq_supports.argtypes = [_INT]
         lib.lsq_matmul.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_matmul_reference.argtypes = lib.lsq_matmul.argtypes
         lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
         lib.lsq_attention.argtypes = [
@@ -70,15 +73,26 @@ class Kernels:
     def supports(self, kind: int) -> bool:
         return bool(self.lib.lsq_supports(int(kind)))
 
-    def matmul(self, kind: int, blocks: np.ndarray, x: torch.Tensor, out: torch.Tensor, column: int) -> None:
+    def matmul(
+        self,
+        kind: int,
+        blocks: np.ndarray,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        column: int,
+        reference: bool = False,
+    ) -> None:
         """``out[:, column:column + len(blocks)] = x @ W.T`` for W the rows ``blocks`` (rows,
-        bytes per row) of type ``kind``; ``x`` fp32 contiguous (rows, in), ``out`` fp32."""
+        bytes per row) of type ``kind``; ``x`` fp32 contiguous (rows, in), ``out`` fp32.
+        ``reference``: ggml's own vec_dot for every output, one thread (what the faster kernels
+        must equal bit for bit)."""
         rows, n_in = x.shape
         scratch = torch.empty(
             rows * self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(int(kind)), n_in), dtype=torch.uint8
         )
         y = out[:, column:]
-        done = self.lib.lsq_matmul(
+        product = self.lib.lsq_matmul_reference if reference else self.lib.lsq_matmul
+        done = product(
             int(kind),
             blocks.ctypes.data,
             len(blocks),

@@ -9,8 +9,9 @@
 // operations of ggml's AVX2 vec_dot (the x86 build's path for these types, AVX-512 included): the
 // same integer lanes (exact), the same fused multiply-adds into the same accumulators, the same
 // final sums. So a row's output is bit for bit the one vec_dot gives it alone
-// (tests/test_native.py compares every row count with single rows). Without AVX2 there is none:
-// lsqmm.c keeps vec_dot.
+// (tests/test_native.py compares every row count with vec_dot's single rows), and lsqmm.c runs
+// one-row passes here too: unlike vec_dot, these kernels ask for the weights ahead
+// (lsq_ahead). Without AVX2 there is none: lsqmm.c keeps vec_dot.
 
 #include "krows.h"
 
@@ -64,6 +65,7 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
         acc_m[r] = _mm_setzero_ps();
     }
     for (int i = 0; i < nb; ++i) {
+        lsq_ahead(x + i, sizeof(block_q4_K));
         const float xd = half(x[i].d), xmin = half(x[i].dmin);
         uint32_t utmp[4];
         memcpy(utmp, x[i].scales, 12);
@@ -125,6 +127,7 @@ static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_
     __m256 acc[LSQ_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nb; ++i) {
+        lsq_ahead(x + i, sizeof(block_q6_K));
         const float xd = half(x[i].d);
         const __m128i scales = _mm_loadu_si128((const __m128i *) x[i].scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
@@ -229,6 +232,7 @@ static ALWAYS_INLINE __m256i q8_0_bytes(const block_q8_0 *x) { return _mm256_loa
         __m256 acc[LSQ_ROWS];                                                                           \
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();                                      \
         for (int ib = 0; ib < n / QK8_0; ++ib) {                                                        \
+            lsq_ahead(x + ib, sizeof(block_t));                                                         \
             const float xd = half(x[ib].d);                                                             \
             const __m256i qx = unpack(x + ib);                                                          \
             for (int r = 0; r < nr; r++) {                                                              \
@@ -256,6 +260,7 @@ static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_
         summs[r] = 0;
     }
     for (int ib = 0; ib < n / QK8_1; ++ib) {
+        lsq_ahead(x + ib, sizeof(block_q4_1));
         const float d0 = half(x[ib].d), m = half(x[ib].m);
         const __m256i qx = bytes_from_nibbles_32(x[ib].qs);
         for (int r = 0; r < nr; r++) {

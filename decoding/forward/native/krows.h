@@ -2,8 +2,23 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define LSQ_ROWS 4
+
+// How far ahead of the weight bytes in use the kernels ask for the next ones. A product of few
+// rows streams its weights from memory once, and without the requests a core waits on each miss
+// between its sums (half the memory's rate on the 2-core machine); 4-16 KB measured alike there.
+#define LSQ_PREFETCH_BYTES 8192
+
+// Ask for the weight bytes LSQ_PREFETCH_BYTES past [p, p + size), one request per cache line.
+static inline void lsq_ahead(const void *p, size_t size) {
+    const char *c = (const char *) p + LSQ_PREFETCH_BYTES;
+    const uintptr_t last = ((uintptr_t) c + size - 1) & ~(uintptr_t) 63;
+    for (uintptr_t line = (uintptr_t) c & ~(uintptr_t) 63; line <= last; line += 64) {
+        __builtin_prefetch((const void *) line, 0, 3);
+    }
+}
 
 // s[r * ls] = weight row w (n values of the kernel's type) times activation row r, for the nr rows
 // of xq (quantized to the type's vec_dot_type, xq_bytes apart); nr is fixed per kernel.
@@ -11,3 +26,10 @@ typedef void (*lsq_rows_kernel_t)(int n, const void *w, const char *xq, size_t x
 
 // The kernels for 0..LSQ_ROWS rows (entry 0 is NULL), or NULL where `type` has none here.
 const lsq_rows_kernel_t *lsq_rows_kernels(int type);
+
+// Two weight rows (w and w + row_bytes) against nr activation rows: s[r * ls] and s[r * ls + 1]
+// (kpairs.c; NULL where the type or the CPU has none).
+typedef void (*lsq_pair_kernel_t)(int n, const void *w, size_t row_bytes, const char *xq, size_t xq_bytes,
+                                  float *s, size_t ls);
+
+const lsq_pair_kernel_t *lsq_pair_kernels(int type);

@@ -5,8 +5,9 @@
 // blocks with int8-quantized activations. This file calls them (ggml_get_type_traits_cpu:
 // from_float quantizes an activation row, vec_dot multiplies it with one weight row), one output
 // at a time, so every output is computed the same whatever the rows of the pass: batch-invariant
-// by construction. A pass of several rows takes krows.c's kernels where the type has one: each
-// weight block unpacked once for four rows, every output summed exactly as vec_dot sums it.
+// by construction. Where the type has them, krows.c's kernels take any pass (each weight block
+// unpacked once for up to four rows, the weights asked for ahead of their use) and, on AVX-512,
+// kpairs.c's (two weight rows to a register); both sum every output exactly as vec_dot sums it.
 // Weight rows are split among a small pool of threads that spin between calls (a decode step is
 // ~120 products ~20-100 us apart), as ggml's own threadpool does; each thread
 // reads its own contiguous share of the rows, as ggml's mul_mat does, since threads taking turns
@@ -35,6 +36,7 @@ typedef struct {
     size_t xq_bytes;
     ggml_vec_dot_t vec_dot;
     const lsq_rows_kernel_t *rows_kernels;  // several rows at once (krows.c), or NULL: vec_dot
+    const lsq_pair_kernel_t *pair_kernels;  // two weight rows at once (kpairs.c), or NULL
     int64_t n_in, n_out, rows;
     float *y;               // (rows, ldy): outputs of this weight at columns 0..n_out
     int64_t ldy;
@@ -77,9 +79,15 @@ static void run_rows(job_t *job, int64_t first, int64_t last) {
     for (int64_t r = 0; r < job->rows; r += LSQ_ROWS) {
         int nr = job->rows - r < LSQ_ROWS ? (int) (job->rows - r) : LSQ_ROWS;
         lsq_rows_kernel_t kernel = job->rows_kernels[nr];
+        lsq_pair_kernel_t pair = job->pair_kernels ? job->pair_kernels[nr] : NULL;
         const char *x = job->xq + r * job->xq_bytes;
         float *out = job->y + r * job->ldy;
-        for (int64_t o = first; o < last; o++) {
+        int64_t o = first;
+        for (; pair && o + 1 < last; o += 2) {
+            pair((int) job->n_in, job->w + o * job->row_bytes, job->row_bytes, x, job->xq_bytes, out + o,
+                 (size_t) job->ldy);
+        }
+        for (; o < last; o++) {
             const char *w = job->w + o * job->row_bytes;
             kernel((int) job->n_in, w, x, job->xq_bytes, out + o, (size_t) job->ldy);
         }
@@ -207,9 +215,10 @@ int lsq_supports(int type) {
 
 // y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed;
 // y's rows are ldy floats apart (a column slice of a wider output). `scratch` holds at least
-// rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes.
-int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
-               float *y, int64_t ldy, void *scratch) {
+// rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes. `reference`: ggml's vec_dot for every
+// output, on the calling thread (what the tests compare the faster kernels with).
+static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
+                  float *y, int64_t ldy, void *scratch, int reference) {
     const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
     if (!pool.ready || !traits->vec_dot) return -1;
     enum ggml_type dot_type = traits->vec_dot_type;
@@ -229,14 +238,17 @@ int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float
     job->xq = xq;
     job->xq_bytes = xq_bytes;
     job->vec_dot = traits->vec_dot;
-    job->rows_kernels = rows > 1 ? lsq_rows_kernels(type) : NULL;  // one row: ggml's own vec_dot
+    // krows.c's and kpairs.c's kernels where the type has them, one row included (they ask for
+    // the weights ahead, which vec_dot does not); else, and for `reference`, ggml's own vec_dot.
+    job->rows_kernels = reference ? NULL : lsq_rows_kernels(type);
+    job->pair_kernels = job->rows_kernels ? lsq_pair_kernels(type) : NULL;
     job->n_in = n_in;
     job->n_out = n_out;
     job->rows = rows;
     job->y = y;
     job->ldy = ldy;
     job->chunks = (n_out + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    if (job->chunks < 2 || pool.threads < 2) {
+    if (job->chunks < 2 || pool.threads < 2 || reference) {
         job->share = job->chunks;
         atomic_store(&job->next[0].chunk, 0);
         run_share(job, 0);
@@ -247,6 +259,16 @@ int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float
     pool.task = 0;
     post_and_join();
     return 0;
+}
+
+int lsq_matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows, float *y,
+               int64_t ldy, void *scratch) {
+    return matmul(type, w, n_out, n_in, x, rows, y, ldy, scratch, 0);
+}
+
+int lsq_matmul_reference(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
+                         float *y, int64_t ldy, void *scratch) {
+    return matmul(type, w, n_out, n_in, x, rows, y, ldy, scratch, 1);
 }
 
 // out (count, n) = the weight rows `ids` of type `type` at w, dequantized to fp32 as ggml does.
