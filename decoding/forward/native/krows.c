@@ -17,26 +17,9 @@
 
 #if defined(__AVX2__) && defined(__F16C__)
 
-#include <immintrin.h>
-#include <string.h>
+#include "kblocks.h"
 
-#include "ggml.h"
-#define GGML_COMMON_DECL_C
-#include "ggml-common.h"
-
-#define ALWAYS_INLINE inline __attribute__((always_inline))
 #define SET_M128I(a, b) _mm256_insertf128_si256(_mm256_castsi128_si256(b), (a), 1)
-
-// ggml's hsum_float_8 (arch/x86/quants.c), the order of the final sum.
-static ALWAYS_INLINE float hsum_float_8(const __m256 x) {
-    __m128 res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    return _mm_cvtss_f32(res);
-}
-
-static ALWAYS_INLINE float half(ggml_half h) { return _cvtsh_ss(h); }
 
 // ggml's get_scale_shuffle_k4(i): the 16-bit scale i in every 16-bit lane.
 static ALWAYS_INLINE __m256i scale_shuffle_k4(int i) { return _mm256_set1_epi16((short) (0x0202 * i + 0x0100)); }
@@ -47,14 +30,9 @@ static ALWAYS_INLINE __m128i scale_shuffle(int i) {
                           (long long) (0x0101010101010101ULL * (2 * i)));
 }
 
-static ALWAYS_INLINE const block_q8_K *row_block(const char *xq, size_t xq_bytes, int r, int i) {
-    return (const block_q8_K *) (xq + r * xq_bytes) + i;
-}
-
 // ggml_vec_dot_q4_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
 static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
                                     float *s, size_t ls) {
-    static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
     const block_q4_K *x = vw;
     const int nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -67,15 +45,7 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
     for (int i = 0; i < nb; ++i) {
         lsq_ahead(x + i, sizeof(block_q4_K));
         const float xd = half(x[i].d), xmin = half(x[i].dmin);
-        uint32_t utmp[4];
-        memcpy(utmp, x[i].scales, 12);
-        utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
-        const uint32_t uaux = utmp[1] & kmask1;
-        utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
-        utmp[2] = uaux;
-        utmp[0] &= kmask1;
-        const __m256i mins_and_scales =
-            _mm256_cvtepu8_epi16(_mm_set_epi32(utmp[3], utmp[2], utmp[1], utmp[0]));
+        const __m256i mins_and_scales = q4_K_mins_and_scales(x + i);
         const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
         const __m128i sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
         const __m256i scales = SET_M128I(sc128, sc128);
