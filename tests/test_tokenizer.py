@@ -137,3 +137,37 @@ def test_a_server_on_the_default_model_does_not_import_transformers(default_mode
     command = [sys.executable, "-c", code]
     out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["LeanTokenizer", "False"], out.stderr[-2000:]
+
+
+def test_a_gguf_s_first_load_builds_what_transformers_builds_from_it(tmp_path, monkeypatch):
+    """A new GGUF's config and tokenizer come from this project's header reader and transformers'
+    fast GGUF tokenizer path, never from gguf's ``GGUFReader`` (AutoTokenizer and AutoConfig parse
+    the whole header with it: half a minute for a 150k-token vocabulary). What they build must be
+    what AutoTokenizer and AutoConfig build from the same file: the same ids for real code, special
+    tokens and edge cases, the same vocabulary, and the config values ``LoadedModel`` reads."""
+    import gguf
+    from transformers import AutoConfig, AutoTokenizer
+
+    from decoding.models.loading import default_gguf_path, load_model
+
+    path = default_gguf_path()
+    folder, name = str(path.parent), path.name
+    reference = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("gguf.GGUFReader read the file")
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", refuse)
+    monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path))
+    first = load_model(str(path), device="cpu", dtype="float32")
+    again = load_model(str(path), device="cpu", dtype="float32")
+    assert isinstance(again.tokenizer, LeanTokenizer)
+    for loaded in (first, again):
+        for text in TEXTS + _real_code():
+            assert loaded.tokenizer.encode(text) == reference.encode(text), text
+        assert loaded.tokenizer.get_vocab() == reference.get_vocab()
+        assert sorted(loaded.tokenizer.all_special_ids) == sorted(reference.all_special_ids)
+        assert loaded.max_context == config.max_position_embeddings
+        assert loaded.eos_token_ids == {config.eos_token_id}
+        assert loaded.config.model_type == config.model_type

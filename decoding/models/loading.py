@@ -269,21 +269,46 @@ def metadata_folder(path: Path) -> Path:
     return cache_root() / f"{hashlib.sha256(header).hexdigest()[:32]}-meta-v{METADATA_FORMAT_VERSION}"
 
 
-def _gguf_metadata(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
-    """A GGUF's transformers config and tokenizer, cached beside the converted copies (reading
-    them from the file takes seconds, the cached copy a fraction of one)."""
+def _gguf_metadata(path: Path) -> tuple[Any, Any]:
+    """A GGUF's config (what the lean forward's ``LoadedModel`` reads of one) and tokenizer, cached
+    beside the converted copies (building the tokenizer takes seconds, the cached copy a fraction
+    of one)."""
     target = metadata_folder(path)
     if (target / "config.json").is_file():
         return _plain_config(target / "config.json"), _cached_tokenizer(target)
     transformers = _import_transformers()
-    kwargs = {"gguf_file": path.name, "local_files_only": True, "trust_remote_code": trust_remote_code}
-    config = transformers.AutoConfig.from_pretrained(str(path.parent), **kwargs)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    config = header_config(path)
+    # The class AutoTokenizer ends with for a GGUF, called directly: AutoTokenizer would first
+    # parse the whole header with gguf's reader only to learn the model type (half a minute for a
+    # 150k-token vocabulary); the tokenizer is built from transformers' own fast reading of it.
+    tokenizer = transformers.TokenizersBackend.from_pretrained(
+        str(path.parent), gguf_file=path.name, local_files_only=True
+    )
     with contextlib.suppress(OSError), _staged(target, ".meta-") as staging:
-        config.save_pretrained(staging)
+        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         tokenizer.save_pretrained(staging)
         save_plain(tokenizer, staging)
-    return config, tokenizer
+    return SimpleNamespace(**config), tokenizer
+
+
+def header_config(path: Path) -> dict[str, Any]:
+    """The config values ``LoadedModel`` reads, from the GGUF's header as transformers' GGUF
+    loader names them: the model type (the architecture), the context and the special tokens."""
+    from decoding.forward.gguf_header import read_header
+
+    fields = read_header(path).fields
+    architecture = str(fields["general.architecture"])
+    config: dict[str, Any] = {"model_type": architecture}
+    named = {
+        "max_position_embeddings": f"{architecture}.context_length",
+        "bos_token_id": "tokenizer.ggml.bos_token_id",
+        "eos_token_id": "tokenizer.ggml.eos_token_id",
+        "pad_token_id": "tokenizer.ggml.padding_token_id",
+    }
+    for name, key in named.items():
+        if key in fields:
+            config[name] = int(fields[key])
+    return config
 
 
 @contextlib.contextmanager
@@ -342,7 +367,7 @@ def _lean_gguf(
     except UnsupportedModel as exc:
         log.info("%s: the lean forward does not cover %s; dequantizing instead", path.name, exc)
         return None
-    config, tokenizer = _gguf_metadata(path, trust_remote_code)
+    config, tokenizer = _gguf_metadata(path)
     give_back_freed_memory()
     dtype = dtype if graphed else torch.float32
     return LoadedModel.on_lean(forward, tokenizer, config, torch_device, dtype, str(path), forward.formats)

@@ -1,8 +1,8 @@
-// Q4_K and Q6_K products of two weight rows at once on AVX-512, each output summed as ggml's
-// vec_dot sums it.
+// Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 products of two weight rows at once on AVX-512, each output
+// summed as ggml's vec_dot sums it.
 //
-// Why: a product of these types is bound by instruction count, not memory, on 1 row as on many
-// (ggml's vec_dot and krows.c run 256-bit lanes). Here the two weight rows share one 512-bit
+// Why: a product of these types is bound by instruction count on many rows (a prefill, a verify
+// pass), and for the K-quants on one row as well (ggml's vec_dot and krows.c run 256-bit lanes). Here the two weight rows share one 512-bit
 // register: the low half holds the first row's 32 bytes, the high half the second's, and each
 // activation block is broadcast to both halves. Every lane of a half runs exactly the operations
 // that lane of ggml's AVX2 vec_dot runs (krows.c's copy of it): the same integer lanes, the same
@@ -171,6 +171,50 @@ static ALWAYS_INLINE void q6_K_pair(int n, const void *vw, size_t row_bytes, con
     }
 }
 
+// ggml's mul_sum_i8_pairs_float on both halves: per 32-bit lane, the four products of |x| with y
+// carrying x's sign, summed exactly (AVX-512 has no sign_epi8; where x is 0 the product is 0
+// either way), as float. dpbusd and maddubs + madd give the same integers here (a pair of
+// products is at most 2 * 128 * 128 in size), so the choice follows ggml's for the build.
+static ALWAYS_INLINE __m512 signed_products(const __m512i ax, const __mmask64 negative, const __m512i y) {
+    const __m512i sy = _mm512_mask_sub_epi8(y, negative, _mm512_setzero_si512(), y);
+#if defined(__AVX512VNNI__)
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy));
+#else
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_set1_epi16(1), _mm512_maddubs_epi16(ax, sy)));
+#endif
+}
+
+// ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0's AVX2 branch for weight rows w and w + row_bytes (as
+// q4_K_pair). xd * y->d is one IEEE product in either order.
+#define SIGNED_BLOCKS_PAIR(name, block_t, unpack)                                                          \
+    static ALWAYS_INLINE void name(int n, const void *vw, size_t row_bytes, const char *xq, size_t xq_bytes, \
+                                   const int nr, float *s, size_t ls) {                                    \
+        const block_t *x0 = vw, *x1 = (const block_t *) ((const char *) vw + row_bytes);                   \
+        __m512 acc[LSQ_ROWS];                                                                              \
+        for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();                                         \
+        for (int ib = 0; ib < n / QK8_0; ++ib) {                                                           \
+            lsq_ahead(x0 + ib, sizeof(block_t));                                                           \
+            lsq_ahead(x1 + ib, sizeof(block_t));                                                           \
+            const __m512 xd = join_floats(half(x0[ib].d), half(x1[ib].d));                                 \
+            const __m512i qx = join(unpack(x0 + ib), unpack(x1 + ib));                                     \
+            const __m512i ax = _mm512_abs_epi8(qx);                                                        \
+            const __mmask64 negative = _mm512_movepi8_mask(qx);                                            \
+            for (int r = 0; r < nr; r++) {                                                                 \
+                const block_q8_0 *y = (const block_q8_0 *) (xq + r * xq_bytes) + ib;                       \
+                const __m512 d = _mm512_mul_ps(xd, _mm512_set1_ps(half(y->d)));                            \
+                acc[r] = _mm512_fmadd_ps(d, signed_products(ax, negative, broadcast_load(y->qs)), acc[r]); \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < nr; r++) {                                                                     \
+            s[r * ls] = hsum_float_8(half_of(acc[r], 0));                                                  \
+            s[r * ls + 1] = hsum_float_8(half_of(acc[r], 1));                                              \
+        }                                                                                                  \
+    }
+
+SIGNED_BLOCKS_PAIR(q4_0_pair, block_q4_0, q4_0_bytes)
+SIGNED_BLOCKS_PAIR(q5_0_pair, block_q5_0, q5_0_bytes)
+SIGNED_BLOCKS_PAIR(q8_0_pair, block_q8_0, q8_0_bytes)
+
 // One function per row count, so that each is compiled with its loops unrolled and the
 // accumulators in registers.
 #define PAIR_FUNCTIONS(kernel)                                                                               \
@@ -191,11 +235,17 @@ static ALWAYS_INLINE void q6_K_pair(int n, const void *vw, size_t row_bytes, con
 
 PAIR_FUNCTIONS(q4_K_pair)
 PAIR_FUNCTIONS(q6_K_pair)
+PAIR_FUNCTIONS(q4_0_pair)
+PAIR_FUNCTIONS(q5_0_pair)
+PAIR_FUNCTIONS(q8_0_pair)
 
 const lsq_pair_kernel_t *lsq_pair_kernels(int type) {
     switch (type) {
         case GGML_TYPE_Q4_K: return q4_K_pair_by_rows;
         case GGML_TYPE_Q6_K: return q6_K_pair_by_rows;
+        case GGML_TYPE_Q4_0: return q4_0_pair_by_rows;
+        case GGML_TYPE_Q5_0: return q5_0_pair_by_rows;
+        case GGML_TYPE_Q8_0: return q8_0_pair_by_rows;
         default: return NULL;
     }
 }

@@ -19,8 +19,6 @@
 
 #include "kblocks.h"
 
-#define SET_M128I(a, b) _mm256_insertf128_si256(_mm256_castsi128_si256(b), (a), 1)
-
 // ggml's get_scale_shuffle_k4(i): the 16-bit scale i in every 16-bit lane.
 static ALWAYS_INLINE __m256i scale_shuffle_k4(int i) { return _mm256_set1_epi16((short) (0x0202 * i + 0x0100)); }
 
@@ -164,35 +162,6 @@ static ALWAYS_INLINE __m256 mul_sum_i8_pairs_float(const __m256i x, const __m256
     return mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 #endif
 }
-
-// ggml's bytes_from_nibbles_32: 32 4-bit fields as bytes in [0, 15].
-static ALWAYS_INLINE __m256i bytes_from_nibbles_32(const uint8_t *rsi) {
-    const __m128i tmp = _mm_loadu_si128((const __m128i *) rsi);
-    return _mm256_and_si256(_mm256_set1_epi8(0xF), SET_M128I(_mm_srli_epi16(tmp, 4), tmp));
-}
-
-// ggml's bytes_from_bits_32: 32 bits as bytes 0x00 or 0xFF.
-static ALWAYS_INLINE __m256i bytes_from_bits_32(const uint8_t *x) {
-    uint32_t x32;
-    memcpy(&x32, x, sizeof(uint32_t));
-    const __m256i shuf_mask =
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
-    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-}
-
-// The weights of one 32-value block as signed bytes, as ggml's vec_dot unpacks them.
-static ALWAYS_INLINE __m256i q4_0_bytes(const block_q4_0 *x) {
-    return _mm256_sub_epi8(bytes_from_nibbles_32(x->qs), _mm256_set1_epi8(8));
-}
-
-static ALWAYS_INLINE __m256i q5_0_bytes(const block_q5_0 *x) {
-    const __m256i bxhi = _mm256_andnot_si256(bytes_from_bits_32(x->qh), _mm256_set1_epi8((char) 0xF0));
-    return _mm256_or_si256(bytes_from_nibbles_32(x->qs), bxhi);
-}
-
-static ALWAYS_INLINE __m256i q8_0_bytes(const block_q8_0 *x) { return _mm256_loadu_si256((const __m256i *) x->qs); }
 
 // ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0's AVX2 branch, for nr activation rows against one weight row.
 #define SIGNED_BLOCKS_ROWS(name, block_t, unpack)                                                       \
