@@ -161,10 +161,24 @@ def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
     assert not NativeOutputLayer.fits(NATIVE, w)
 
 
+@pytest.mark.parametrize("width,native", [(576, False), (896, True), (1536, True)])
+def test_only_a_narrow_model_of_torchs_types_stays_on_torch_with_avx512(width, native, monkeypatch):
+    """The default model (576 wide, Q4_1 and Q8_0) runs its passes over several rows faster on
+    torch's batched kernel; Qwen2.5-Coder's Q8_0 files (896 and wider) run every pass faster here."""
+    from decoding.forward import native as native_module
+    from decoding.forward.native import kernels_for
+
+    monkeypatch.setattr(native_module, "torch_capability", lambda: "AVX512")
+    monkeypatch.delenv("LSP_NATIVE", raising=False)
+    chosen = kernels_for({int(QType.Q8_0), int(QType.Q4_1), int(QType.F32)}, width)
+    assert (chosen is not None) == native
+    assert kernels_for({int(QType.Q4_K)}, 576) is not None  # another type: the native kernels at any width
+
+
 @pytest.mark.parametrize(
     "kind,setting,isa,native",
     [
-        (QType.Q8_0, None, "AVX512", False),  # Q4_0/Q4_1/Q8_0 files with AVX-512: torch's batched kernel
+        (QType.Q8_0, None, "AVX512", False),  # a narrow Q8_0 file with AVX-512: torch's kernel
         (QType.Q8_0, None, "AVX2", True),  # the same file where torch has only AVX2: llama.cpp's
         (QType.Q5_0, None, "AVX512", True),  # 5-bit blocks (and K-quants): llama.cpp's kernels
         (QType.Q5_0, "0", "AVX2", False),

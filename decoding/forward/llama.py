@@ -620,7 +620,8 @@ class GgufWeights:
         self.data = np.memmap(path, mode="r")
         self.dense = dense
         native = kernels and not dense
-        self.native = kernels_for(int(t.kind) for t in self.index.values()) if native else None
+        kinds = {int(t.kind) for t in self.index.values()}
+        self.native = kernels_for(kinds, self.shape.dim) if native else None
         self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
         self.torch_linear = _torch_linear(self.weight)
 

@@ -14,11 +14,11 @@ activations, quantized to the weight type's activation type (Q8_0, Q8_1 or Q8_K 
 
 Chosen per file and CPU (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster
 and in about half the memory of torch's terms, and so does every file where torch runs without
-its AVX-512 kernels; a file of Q4_0/Q4_1/Q8_0 blocks on an AVX-512 CPU stays on torch's batched
-4-bit kernel, whose passes over several rows (verify, prefill) beat one kernel call per output
-row there (``benchmarks/models_bench.py`` runs both against llama-server). ``LSP_NATIVE=1`` or
-``0`` forces either; ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process
-from the cached build.
+its AVX-512 kernels; a narrow model (the default's 576) of Q4_0/Q4_1/Q8_0 blocks on an AVX-512
+CPU stays on torch's batched 4-bit kernel, whose passes over several rows (verify, prefill) beat
+these products there, too small to split well between threads (``benchmarks/models_bench.py``
+runs both against llama-server). ``LSP_NATIVE=1`` or ``0`` forces either;
+``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from the cached build.
 """
 
 from __future__ import annotations
@@ -176,6 +176,10 @@ def built_kernels(variant: str = "native") -> Kernels | None:
 # where torch has only its AVX2 kernels (no faster than fp32 there), makes llama.cpp's kernels
 # the faster choice.
 TORCH_KINDS = frozenset({0, 2, 3, 8})  # F32, Q4_0, Q4_1, Q8_0
+# ... and only for a model this narrow: there torch's batched kernel wins the passes over several
+# rows, where each of the native kernels' products is too small to split well between threads.
+# The 896-wide Qwen2.5-Coder-0.5B in Q8_0 already ran every pass faster on the native kernels.
+TORCH_WIDTH_LIMIT = 768
 
 
 def torch_capability() -> str:
@@ -189,16 +193,17 @@ def kernels() -> Kernels | None:
     return _serving() if os.environ.get("LSP_NATIVE") == "1" else None
 
 
-def kernels_for(kinds: Iterable[int]) -> Kernels | None:
-    """The native kernels for a GGUF holding tensors of ``kinds``, or None for torch's:
-    ``LSP_NATIVE=1`` always, ``0`` never, unset where they are built and the file holds a type
-    outside ``TORCH_KINDS`` or torch runs without AVX-512. Decided by the file and the CPU's
-    instruction set, not by a timed probe, so that one file always gives the same output on one
-    machine."""
+def kernels_for(kinds: Iterable[int], width: int) -> Kernels | None:
+    """The native kernels for a GGUF holding tensors of ``kinds`` in a model ``width`` wide, or
+    None for torch's: ``LSP_NATIVE=1`` always, ``0`` never, unset where they are built and the
+    file holds a type outside ``TORCH_KINDS``, or the model is ``TORCH_WIDTH_LIMIT`` wide or
+    wider, or torch runs without AVX-512. Decided by the file and the CPU's instruction set, not
+    by a timed probe, so that one file always gives the same output on one machine."""
     setting = os.environ.get("LSP_NATIVE", "auto")
     if setting == "1":
         return kernels()
-    if setting == "0" or (set(kinds) <= TORCH_KINDS and torch_capability() == "AVX512"):
+    torch_serves = set(kinds) <= TORCH_KINDS and width < TORCH_WIDTH_LIMIT and torch_capability() == "AVX512"
+    if setting == "0" or torch_serves:
         return None
     return _serving()
 
