@@ -69,6 +69,10 @@ class Kernels:
         ]
         lib.lsq_init(threads)
         self.lib, self.path, self.threads = lib, path, lib.lsq_threads()
+        # Kept between products (the library runs one at a time): a decode step makes hundreds of
+        # small ones, where these lookups and allocations cost as much as a product's own work.
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+        self._activation_bytes: dict[tuple[int, int], int] = {}
 
     def supports(self, kind: int) -> bool:
         return bool(self.lib.lsq_supports(int(kind)))
@@ -83,25 +87,35 @@ class Kernels:
         reference: bool = False,
     ) -> None:
         """``out[:, column:column + len(blocks)] = x @ W.T`` for W the rows ``blocks`` (rows,
-        bytes per row) of type ``kind``; ``x`` fp32 contiguous (rows, in), ``out`` fp32.
-        ``reference``: ggml's own vec_dot for every output, one thread (what the faster kernels
-        must equal bit for bit)."""
+        bytes per row) of type ``kind``; ``x`` fp32 contiguous (rows, in), ``out`` fp32
+        contiguous. ``reference``: ggml's own vec_dot for every output, one thread (what the
+        faster kernels must equal bit for bit)."""
+        self.product(int(kind), blocks.ctypes.data, len(blocks), x, out, column, reference)
+
+    def product(
+        self,
+        kind: int,
+        address: int,
+        out_rows: int,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        column: int,
+        reference: bool = False,
+    ) -> None:
+        """``matmul`` for the ``out_rows`` weight rows of type ``kind`` at ``address``."""
         rows, n_in = x.shape
-        scratch = torch.empty(
-            rows * self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(int(kind)), n_in), dtype=torch.uint8
-        )
-        y = out[:, column:]
+        key = (kind, n_in)
+        row_bytes = self._activation_bytes.get(key)
+        if row_bytes is None:
+            row_bytes = self._activation_bytes[key] = self.lib.lsq_row_bytes(
+                self.lib.lsq_vec_dot_type(kind), n_in
+            )
+        if self._scratch.numel() < rows * row_bytes:
+            self._scratch = torch.empty(rows * row_bytes, dtype=torch.uint8)
         product = self.lib.lsq_matmul_reference if reference else self.lib.lsq_matmul
+        y = out.data_ptr() + column * out.element_size()
         done = product(
-            int(kind),
-            blocks.ctypes.data,
-            len(blocks),
-            n_in,
-            x.data_ptr(),
-            rows,
-            y.data_ptr(),
-            out.shape[1],
-            scratch.data_ptr(),
+            kind, address, out_rows, n_in, x.data_ptr(), rows, y, out.shape[1], self._scratch.data_ptr()
         )
         if done != 0:
             raise RuntimeError(f"native product of type {kind} failed ({done})")
@@ -243,6 +257,11 @@ class Weight:
     def out_features(self) -> int:
         return len(self.blocks)
 
+    @functools.cached_property
+    def address(self) -> int:
+        """Where the blocks start (numpy's ``ctypes.data`` costs microseconds a call)."""
+        return self.blocks.ctypes.data
+
 
 class NativeLinear(torch.nn.Module):
     """``x @ W.T`` for weights in a GGUF's own blocks (memory-mapped, never copied), on the
@@ -259,7 +278,7 @@ class NativeLinear(torch.nn.Module):
         out = torch.empty(x.shape[0], self.out_features)
         column = 0
         for weight in self.weights:
-            self.kernels.matmul(weight.kind, weight.blocks, x, out, column)
+            self.kernels.product(weight.kind, weight.address, weight.out_features, x, out, column)
             column += weight.out_features
         return out
 

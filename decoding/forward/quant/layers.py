@@ -13,7 +13,8 @@ rows.
   for a few rows and batch-invariant (``F.linear`` switches kernels with the row count) from
   ``MIN_DENSE_ROWS`` rows on: fewer rows are padded, because MKL sums a product of few rows in
   another order (below 2 rows on one CPU, below 12 on an AVX-512 one; ``tests/test_quant.py``
-  checks the machine it runs on).
+  checks the machine it runs on). On one thread: with two, MKL splits the sums of some shapes
+  between its threads by the row count (576x1536 at 100 and 167 rows against 300).
 """
 
 from __future__ import annotations
@@ -101,7 +102,13 @@ class DenseLinear(torch.nn.Module):
         rows = x.shape[0]
         if rows < MIN_DENSE_ROWS:
             x = torch.cat([x, x[:1].expand(MIN_DENSE_ROWS - rows, -1)])
-        return (self.weight @ x.t())[:, :rows].t().contiguous()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            product = self.weight @ x.t()
+        finally:
+            torch.set_num_threads(threads)
+        return product[:, :rows].t().contiguous()
 
     def nbytes(self) -> int:
         return self.weight.nbytes
