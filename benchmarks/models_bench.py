@@ -77,7 +77,14 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
                 times.append((time.perf_counter() - t0) * 1000)
                 cache.crop(-width)
             passes["step_ms" if width == 1 else f"verify{width}_ms"] = statistics.median(times[2:])
-    return {"load_s": load_s, "quantization": model.quantization, **passes, **process_memory()}
+    kernels = "native" if forward.native is not None else "torch"
+    return {
+        "load_s": load_s,
+        "quantization": model.quantization,
+        "kernels": kernels,
+        **passes,
+        **process_memory(),
+    }
 
 
 def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -87,7 +94,14 @@ def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, An
     cmd = [sys.executable, "-m", "benchmarks.models_bench", "--one", str(path)]
     cmd += ["--context", str(args.context), "--steps", str(args.steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["kernels"] != backend:  # a variant not built for these sources: torch's served instead
+        variant = env.get("LSP_NATIVE_VARIANT", "native")
+        raise SystemExit(
+            f"{path.name}: the {variant} native kernels did not load; build them first "
+            f"(python -m decoding.forward.native --build --variant {variant})"
+        )
+    return result
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
