@@ -305,9 +305,8 @@ def header_config(path: Path) -> dict[str, Any]:
         "eos_token_id": "tokenizer.ggml.eos_token_id",
         "pad_token_id": "tokenizer.ggml.padding_token_id",
     }
-    for name, key in named.items():
-        if key in fields:
-            config[name] = int(fields[key])
+    for name, key in named.items():  # None where the file has none (as transformers' config)
+        config[name] = int(fields[key]) if key in fields else None
     return config
 
 

@@ -2,9 +2,10 @@
 // summed as ggml's vec_dot sums it.
 //
 // Why: a product of these types is bound by instruction count on many rows (a prefill, a verify
-// pass), and for the K-quants on one row as well (ggml's vec_dot and krows.c run 256-bit lanes). Here the two weight rows share one 512-bit
-// register: the low half holds the first row's 32 bytes, the high half the second's, and each
-// activation block is broadcast to both halves. Every lane of a half runs exactly the operations
+// pass), and for the K-quants on one row as well (ggml's vec_dot and krows.c run 256-bit lanes).
+// Here the two weight rows share one 512-bit register: the low half holds the first row's 32
+// bytes, the high half the second's, and each activation block is broadcast to both halves.
+// Every lane of a half runs exactly the operations
 // that lane of ggml's AVX2 vec_dot runs (krows.c's copy of it): the same integer lanes, the same
 // fused multiply-adds into the same accumulators, the same final sums. So each output is bit for
 // bit what vec_dot gives it alone, whatever the rows of the pass, and lsqmm.c can use these for a
