@@ -6,6 +6,7 @@ llama.cpp's converter writes it, and speculative greedy decoding on it equals pl
 
 from __future__ import annotations
 
+import mmap
 import random
 
 import numpy as np
@@ -24,6 +25,7 @@ from transformers import (
 
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from decoding.forward import llama
 from decoding.forward.llama import UnsupportedModel, _rope_order, from_gguf, from_transformers
 from tests.test_quant import lean_loaded, plain_greedy_pass
 
@@ -73,6 +75,23 @@ def test_the_lean_forward_computes_what_transformers_does(arch, tied):
         [forward(tokens[:200], cache), forward(tokens[200:201], cache), forward(tokens[201:], cache)]
     )
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_the_rotary_table_grows_with_the_positions_reached_and_changes_nothing(monkeypatch):
+    """The table starts at one chunk and grows, a chunk at a time, as passes reach further (a
+    32k context's would be 16 MB); passes across its growth give what a whole table gives."""
+    model = tiny("qwen2")
+    whole = from_transformers(model, bits=0)
+    monkeypatch.setattr(llama, "ROTARY_CHUNK", 64)
+    grown = from_transformers(model, bits=0)
+    assert len(grown.rotary) == 64 and len(whole.rotary) == COMMON["max_position_embeddings"]
+    tokens = [random.Random(3).randrange(VOCAB) for _ in range(300)]
+    outputs = []
+    for forward in (grown, whole):
+        cache = forward.new_cache()
+        outputs.append(torch.cat([forward(tokens[a:b], cache) for a, b in ((0, 50), (50, 200), (200, 300))]))
+    assert torch.equal(outputs[0], outputs[1])
+    assert len(grown.rotary) == 320
 
 
 def write_gguf(model: torch.nn.Module, arch: str, path, kind: QType = QType.F32) -> None:
@@ -150,6 +169,19 @@ def test_a_gguf_as_llama_cpp_writes_it_loads_onto_the_lean_forward(arch, tied, t
     want = model(input_ids=torch.tensor([tokens])).logits[0]
     got = forward(tokens, forward.new_cache())
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    if kernel_backend == "native":  # every weight is the file's mapped blocks, q and k included
+        products = [m for layer in forward.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        assert all(_file_backed(w.blocks) for m in products for w in m.weights)
+
+
+def _file_backed(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a memory-mapped file (not a copy of one)."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if base.base is None:
+            return False
+        base = base.base
+    return isinstance(base, mmap.mmap)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

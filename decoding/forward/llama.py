@@ -245,11 +245,16 @@ class KVCache:
         return self.kv.nbytes + self.hidden.nbytes
 
 
-def rotary_table(shape: LlamaShape) -> torch.Tensor:
-    """(positions, head_dim / 2) complex64: each position's rotation of each adjacent pair."""
+ROTARY_CHUNK = 4096  # positions the lean forward's rotary table grows by
+
+
+def rotary_table(shape: LlamaShape, first: int = 0, last: int | None = None) -> torch.Tensor:
+    """(positions ``first`` to ``last``, head_dim / 2) complex64: each position's rotation of each
+    adjacent pair (to the model's context by default)."""
     half = shape.head_dim // 2
     freqs = shape.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) / half)
-    positions = torch.arange(shape.max_context, dtype=torch.float64) / shape.rope_scale
+    end = shape.max_context if last is None else last
+    positions = torch.arange(first, end, dtype=torch.float64) / shape.rope_scale
     angles = torch.outer(positions, freqs)
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
@@ -286,7 +291,10 @@ class LlamaForward:
         self.cost_prior = dict(COST_PRIOR)
         self.max_context: int | None = None  # its cache grows: the model's context is the limit
         half = shape.head_dim // 2
-        self.rotary = rotary_table(shape)
+        # Grown with the positions a pass reaches (a 32k-position table is 16 MB), a whole
+        # ``ROTARY_CHUNK`` at a time: every element is computed alike in any chunk, so a
+        # position's rotation does not depend on when the table grew.
+        self.rotary = rotary_table(shape, 0, min(ROTARY_CHUNK, shape.max_context))
         self.head_scale = head_scales(shape)
         # v's rows are not rotated: they are multiplied by exactly 1 + 0i, which leaves them as
         # they are, so q, k and v come out of one multiply.
@@ -350,7 +358,7 @@ class LlamaForward:
             raise ValueError(f"{end} positions exceed the model's context of {self.shape.max_context}")
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
-        rotary = self.rotary[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
+        rotary = self._rotations(end)[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
         rotary = torch.cat([rotary, self.unrotated.expand(rows, -1, -1)], dim=1)  # and v's heads
         span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
         mask = torch.full((rows, span), float("-inf")).triu_(start + 1)  # row i sees keys up to start + i
@@ -365,6 +373,13 @@ class LlamaForward:
             del h, normed
             trim_heap()  # the pass's activations, back to the OS (``decoding/memory.py``)
         return logits
+
+    def _rotations(self, end: int) -> torch.Tensor:
+        """The rotary table through position ``end`` at least."""
+        if end > len(self.rotary):
+            grown = min(self.shape.max_context, -(-end // ROTARY_CHUNK) * ROTARY_CHUNK)
+            self.rotary = torch.cat([self.rotary, rotary_table(self.shape, len(self.rotary), grown)])
+        return self.rotary
 
     def _attention(
         self,
@@ -637,21 +652,30 @@ class GgufWeights:
             loaded = QuantTensor(loaded.shape, loaded.kind, values=loaded.dense())
         return permute_rows(loaded, self.pairs[kind]) if self.halves and kind in self.pairs else loaded
 
-    def blocks(self, name: str, order: np.ndarray | None = None) -> Weight:
-        """A weight's rows in the file's own blocks (a copy only where ``order`` permutes them)."""
+    def blocks(self, name: str) -> Weight:
+        """A weight's rows in the file's own blocks (mapped, not copied)."""
         t, raw_bytes = self.raw(name)
-        rows = raw_bytes.reshape(t.shape[0], -1)
-        return Weight(int(t.kind), rows if order is None else np.ascontiguousarray(rows[order]), t.shape[-1])
+        return Weight(int(t.kind), raw_bytes.reshape(t.shape[0], -1), t.shape[-1])
 
     def linear(self, kinds: tuple[str, ...], i: int) -> torch.nn.Module:
         names = [f"blk.{i}.{GGUF_NAMES[kind]}.weight" for kind in kinds]
         native = self.native
         if native is None or not all(native.supports(self.index[name].kind) for name in names):
             return self.torch_linear(kinds, i)
-        orders = [self.pairs[kind] if self.halves and kind in self.pairs else None for kind in kinds]
-        return NativeLinear(
-            native, [self.blocks(name, order) for name, order in zip(names, orders, strict=True)]
-        )
+        weights = [self.blocks(name) for name in names]
+        return NativeLinear(native, weights, self._column_order(kinds, [w.out_features for w in weights]))
+
+    def _column_order(self, kinds: tuple[str, ...], rows: list[int]) -> torch.Tensor | None:
+        """The order taking the side-by-side outputs of ``kinds`` (``rows`` each) from rotate-half
+        to adjacent pairs; None where they are in order already."""
+        if not self.halves or not any(kind in self.pairs for kind in kinds):
+            return None
+        firsts = np.cumsum([0, *rows[:-1]])
+        orders = [
+            first + (self.pairs[kind] if kind in self.pairs else np.arange(count))
+            for kind, count, first in zip(kinds, rows, firsts, strict=True)
+        ]
+        return torch.from_numpy(np.concatenate(orders))
 
     def values(self, name: str) -> torch.Tensor:
         t, raw_values = self.raw(name)

@@ -265,11 +265,16 @@ class Weight:
 
 class NativeLinear(torch.nn.Module):
     """``x @ W.T`` for weights in a GGUF's own blocks (memory-mapped, never copied), on the
-    native kernels; several weights side by side (q, k and v) fill one output, each in its type."""
+    native kernels; several weights side by side (q, k and v) fill one output, each in its type.
+    ``order`` permutes the output's columns (q's and k's rotate-half rows taken to adjacent
+    pairs): the same values as the permuted rows' product, as each output is its row's alone,
+    without a copy of the rows beside the file's (which stay mapped, and resident once read)."""
 
-    def __init__(self, kernels: Kernels, weights: Sequence[Weight]) -> None:
+    def __init__(
+        self, kernels: Kernels, weights: Sequence[Weight], order: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
-        self.kernels, self.weights = kernels, list(weights)
+        self.kernels, self.weights, self.order = kernels, list(weights), order
         self.in_features = self.weights[0].width
         self.out_features = sum(w.out_features for w in self.weights)
 
@@ -280,7 +285,7 @@ class NativeLinear(torch.nn.Module):
         for weight in self.weights:
             self.kernels.product(weight.kind, weight.address, weight.out_features, x, out, column)
             column += weight.out_features
-        return out
+        return out if self.order is None else out[:, self.order]
 
     def nbytes(self) -> int:
         return sum(w.blocks.nbytes for w in self.weights)
