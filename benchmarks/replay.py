@@ -22,7 +22,10 @@ The configuration ``llama_server`` is not our server: it replays the same keystr
 llama.cpp's ``llama-server`` on the same GGUF (``benchmarks/llama_server.py`` builds it once), as a
 good editor plugin drives it: each keystroke aborts the request in flight and sends a new
 ``/completion`` (greedy, prompt cache on, stop at the newline) with the text before the cursor,
-windowed to the same token budget from a start chosen once per file.
+windowed to the same token budget from a start chosen once per file. ``llama_infill`` sends
+``/infill`` instead, as llama.vim does: the window's lines above the cursor's as ``input_prefix``,
+the cursor's line so far as ``prompt`` (after the middle marker), and whole lines after the cursor
+as ``input_suffix``, within about our suffix's share of the budget.
 """
 
 from __future__ import annotations
@@ -80,8 +83,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # The peer server: llama.cpp's llama-server on the same GGUF, driven by LlamaServerClient (these
     # settings are not sent anywhere; maxNewTokens and contextTokens from --options apply to it).
     "llama_server": {},
+    # The same with llama-server's /infill as llama.vim drives it (a model with FIM tokens only).
+    "llama_infill": {},
 }
-LLAMA_SERVER = "llama_server"
+LLAMA_PEERS = ("llama_server", "llama_infill")
 WORKSPACE_KEYS = ("files", "tokens", "index_bytes", "drafts", "proposed", "accepted")
 DEFAULT_CONFIGS = "shipped,baseline,hf_prompt_lookup,llama_server"
 PUNCTUATION_PAUSE = set("(),:.=[]{}")
@@ -307,6 +312,7 @@ def _utf16_len(text: str) -> int:
 LLAMA_CONTEXT_TOKENS = 512  # the prompt's token budget: our server's contextTokens default
 LLAMA_RESERVE_TOKENS = 128  # room left for typing when a window start is chosen
 LLAMA_MAX_NEW_TOKENS = 64  # our server's maxNewTokens default
+LLAMA_SUFFIX_CHARS = LLAMA_CONTEXT_TOKENS // 4 * 3  # ~a quarter of the budget, at ~3 characters a token
 CHARS_PER_TOKEN_CAP = 16  # no token spans more characters (bounds the text a window search tokenizes)
 
 TokenCounter = Callable[[str], Awaitable[int]]
@@ -421,6 +427,7 @@ class LlamaServerClient:
 
     def __init__(self, name: str, options: dict[str, Any], model: Path, threads: int = 2) -> None:
         self.name, self.model = name, model
+        self.infill = name == "llama_infill"
         self.max_new_tokens = int(options.get("maxNewTokens", LLAMA_MAX_NEW_TOKENS))
         self.server = llama_server.LlamaServer(model, threads=threads)
         self.window = PromptWindow(self.tokens, int(options.get("contextTokens", LLAMA_CONTEXT_TOKENS)))
@@ -476,13 +483,24 @@ class LlamaServerClient:
             self.in_flight.cancel()
             self.counts["aborted"] += 1
         document = self.documents[uri]
-        before = document[: _offset(document, line, character)]
+        at = _offset(document, line, character)
         self.counts["requests"] += 1
-        self.in_flight = asyncio.ensure_future(self._complete(before))
+        self.in_flight = asyncio.ensure_future(self._complete(document[:at], document[at:]))
         return self.in_flight
 
-    async def _complete(self, before: str) -> types.InlineCompletionList:
+    async def _complete(self, before: str, after: str) -> types.InlineCompletionList:
         prompt = await self.window.prompt(before)
+        path, body = "/completion", {"prompt": prompt}
+        if self.infill:
+            line = prompt.rfind("\n") + 1
+            path, body = (
+                "/infill",
+                {
+                    "input_prefix": prompt[:line],
+                    "prompt": prompt[line:],
+                    "input_suffix": _suffix_lines(after, LLAMA_SUFFIX_CHARS),
+                },
+            )
         content: list[str] = []
         final: dict[str, Any] = {}
         pending = bytearray()
@@ -501,12 +519,12 @@ class LlamaServerClient:
                             return True
             return False
 
-        status, body = await _http(
+        status, answer = await _http(
             self.server.port,
             "POST",
-            "/completion",
+            path,
             {
-                "prompt": prompt,
+                **body,
                 "n_predict": self.max_new_tokens,
                 "temperature": 0.0,
                 "top_k": 1,
@@ -518,7 +536,7 @@ class LlamaServerClient:
         )
         if status != 200 or not final:
             self.counts["failed"] += 1
-            raise RuntimeError(f"llama-server /completion: HTTP {status}: {body[:300]!r}")
+            raise RuntimeError(f"llama-server {path}: HTTP {status}: {answer[:300]!r}")
         self.counts["answered"] += 1
         self.timings.append({**final.get("timings", {}), "tokens_cached": final.get("tokens_cached")})
         text = "".join(content).removesuffix("\n")  # the stop string is not sent; a newline, just in case
@@ -544,6 +562,17 @@ class LlamaServerClient:
             "phases_ms": {"prefill": {"mean": mean("prompt_ms")}, "decode": {"mean": mean("predicted_ms")}},
             "tokens_predicted_mean": mean("predicted_n"),
         }
+
+
+def _suffix_lines(after: str, chars: int) -> str:
+    """The text after the cursor: the rest of its line and whole lines after it, within ``chars``."""
+    end = after.find("\n") + 1 or len(after)
+    while end < len(after):
+        following = after.find("\n", end) + 1 or len(after)
+        if following > chars:
+            break
+        end = following
+    return after[:end]
 
 
 def _offset(text: str, line: int, character: int) -> int:
@@ -915,7 +944,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     clients: dict[str, ReplayClient | LlamaServerClient] = {
         name: (
             LlamaServerClient(name, args.options, llama_gguf(args.model), args.llama_threads)
-            if name == LLAMA_SERVER
+            if name in LLAMA_PEERS
             else ReplayClient(
                 name, {**CONFIGS[name], **args.options}, args.model, workspace, args.server_logs
             )

@@ -52,6 +52,7 @@ MAIN = (
     "    ratio = area / circle_perimeter(radius)\n    perimeter = \n\nprint(summary(2))\n"
 )
 OFFSET = MAIN.index("perimeter = ") + len("perimeter = ")
+LINE = MAIN.rindex("\n", 0, OFFSET) + 1  # the cursor's line: after the middle marker, healed there
 OTHERS = (
     OpenDocument("file:///w/shapes/geometry.py", GEOMETRY, "python"),
     OpenDocument("file:///w/shapes/report.py", REPORT, "python"),
@@ -123,15 +124,13 @@ def repo_tokens(request) -> Tokens:
     return request.getfixturevalue("with_repo" if request.param == "smollm2+markers" else "qwen")
 
 
-def split(prompt: Prompt, tokens: Tokens) -> tuple[list[int], list[int], list[int]]:
-    """A FIM prompt's ids: what precedes ``<|fim_prefix|>``, the prefix slot, the suffix slot."""
+def split(prompt: Prompt, tokens: Tokens) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A FIM prompt's ids: what precedes ``<|fim_prefix|>``, the prefix slot, the suffix slot, and
+    the middle begun after ``<|fim_middle|>`` (the cursor's line, ``prompt.line``)."""
     ids = list(prompt.ids)
-    start, middle = (
-        ids.index(tokens.special_id("<|fim_prefix|>")),
-        ids.index(tokens.special_id("<|fim_suffix|>")),
-    )
-    assert ids[-1] == tokens.special_id("<|fim_middle|>")
-    return ids[:start], ids[start + 1 : middle], ids[middle + 1 : -1]
+    start, suffix, middle = (ids.index(tokens.special_id(m)) for m in FIM_MARKERS[:3])
+    assert start < suffix < middle and tokens.decode(ids[middle + 1 :]) == prompt.line
+    return ids[:start], ids[start + 1 : suffix], ids[suffix + 1 : middle], ids[middle + 1 :]
 
 
 # -- the layout -----------------------------------------------------------------------------------
@@ -155,10 +154,11 @@ def test_two_neighbour_files_then_the_current_file(repo_tokens):
         sid("<|file_sep|>"),
         *enc("main.py\n"),
         sid("<|fim_prefix|>"),
-        *enc(MAIN[: OFFSET - 1]),
+        *enc(MAIN[:LINE]),
         sid("<|fim_suffix|>"),
         *enc(MAIN[OFFSET:]),
         sid("<|fim_middle|>"),
+        *enc(MAIN[LINE : OFFSET - 1]),
     ]
     assert list(prompt.ids) == expected
     assert {"<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|endoftext|>"} <= set(prompt.stop_strings)
@@ -173,11 +173,12 @@ def test_the_real_vocabulary_has_the_markers_at_qwen25_coders_ids(qwen):
     ids = list(prompt.ids)
     assert ids[0] == 151663 and ids.count(151664) == 3  # <|repo_name|>, <|file_sep|> per file
     assert [ids.count(i) for i in (151659, 151661, 151660)] == [1, 1, 1]  # prefix, suffix, middle
+    assert prompt.line == MAIN[LINE : OFFSET - 1] and prompt.healed == " "
     assert all(i < 151643 for i in ids if i not in (151659, 151660, 151661, 151663, 151664))
     assert qwen.decode(ids) == (
         "<|repo_name|>w\n<|file_sep|>shapes/report.py\n" + REPORT + "<|file_sep|>shapes/geometry.py\n"
-        f"{GEOMETRY}<|file_sep|>main.py\n<|fim_prefix|>{MAIN[: OFFSET - 1]}<|fim_suffix|>"
-        f"{MAIN[OFFSET:]}<|fim_middle|>"
+        f"{GEOMETRY}<|file_sep|>main.py\n<|fim_prefix|>{MAIN[:LINE]}<|fim_suffix|>"
+        f"{MAIN[OFFSET:]}<|fim_middle|>{MAIN[LINE : OFFSET - 1]}"
     )
 
 
@@ -207,7 +208,7 @@ def test_the_builder_groups_a_files_snippets(with_repo):
     prompt = ContextBuilder().build(req, with_repo)
     first, second = sorted(prompt.snippets, key=lambda s: s.first_line)
     assert first.uri == second.uri == "file:///w/y.py" and first.first_line < second.first_line
-    header, _, _ = split(prompt, with_repo)
+    header, _, _, _ = split(prompt, with_repo)
     assert with_repo.decode(header) == (
         f"<|repo_name|>w\n<|file_sep|>y.py\n{first.text}\n# ...\n{second.text}\n<|file_sep|>x.py\n"
     )
@@ -226,10 +227,11 @@ def test_auto_takes_the_layout_only_where_both_markers_are_tokens(plain, fim_onl
     assert today.fim == "qwen" and fim.resolve("auto", fim_only).name == "qwen"
     expected = [
         sid("<|fim_prefix|>"),
-        *fim_only.encode(TODAY_TEXT),
+        *fim_only.encode(TODAY_TEXT[: len(TODAY_TEXT) - (OFFSET - 1 - LINE)]),
         sid("<|fim_suffix|>"),
         *fim_only.encode(MAIN[OFFSET:]),
         sid("<|fim_middle|>"),
+        *fim_only.encode(MAIN[LINE : OFFSET - 1]),
     ]
     assert list(today.ids) == expected
     assert fim.resolve("auto", with_repo).name == "qwen-repo"
@@ -286,9 +288,9 @@ def test_the_budget_counts_the_markers_and_paths(repo_tokens, budget):
     tokens, builder, layouts = repo_tokens, ContextBuilder(), 0
     for req in stdlib_requests(12, budget, budget):
         prompt = builder.build(req, tokens)
-        header, prefix, suffix = split(prompt, tokens)
+        header, prefix, suffix, middle = split(prompt, tokens)
         assert len(prompt.ids) <= budget and len(suffix) <= budget // 4
-        assert tokens.decode(prefix) == prompt.text
+        assert tokens.decode(prefix + middle) == prompt.text and prompt.text.endswith(prompt.line)
         repo = repository_for(req.uri)
         fixed = 2 + len(tokens.encode(repo.name + "\n")) + len(tokens.encode(repo.path_of(req.uri) + "\n"))
         if prompt.fim == "qwen-repo":
@@ -305,8 +307,9 @@ def test_the_budget_counts_the_markers_and_paths(repo_tokens, budget):
 
 
 def test_the_prompts_start_holds_while_typing_on_one_line(repo_tokens):
-    """Keystrokes on one line change only the prompt's end (the cursor's line and what follows it),
-    never the files before it; across lines the files change only with the snippets chosen."""
+    """Keystrokes on one line change only the prompt's end, the cursor's line after
+    ``<|fim_middle|>``: the files, the rows above and the suffix stay token for token (the KV
+    cache keeps them all); across lines the files change only with the snippets chosen."""
     tokens = repo_tokens
     text = (STDLIB / "json" / "encoder.py").read_text()
     start = text.index("            if isinstance(value, str):")
@@ -318,14 +321,11 @@ def test_the_prompts_start_holds_while_typing_on_one_line(repo_tokens):
         req = ContextRequest(document, start + k, 512, uri="file:///w/json/encoder.py", others=others)
         prompt = builder.build(req, tokens)
         assert prompt.fim == "qwen-repo" and prompt.snippets
-        header, prefix, _ = split(prompt, tokens)
+        *kept, middle = split(prompt, tokens)
+        assert prompt.line + prompt.healed == line[:k] and tokens.decode(middle) == prompt.line
         if previous is not None:
-            assert header == previous[0]
-            shared = next(
-                (i for i, (a, b) in enumerate(zip(previous[1], prefix, strict=False)) if a != b), None
-            )
-            assert shared is None or shared >= len(previous[1]) - 12
-        previous = header, prefix
+            assert kept == previous
+        previous = kept
     # down the lines below: the files change only where the snippets do
     body = text.index("def _make_iterencode(")
     prompts = []

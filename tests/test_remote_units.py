@@ -4,8 +4,11 @@ the outage/recovery state machine and the stats block. No socket, no engine."""
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
 from lsp_server import config
+from lsp_server.context.builder import ContextBuilder, ContextRequest
+from lsp_server.context.tokens import Tokens
 from lsp_server.remote import EndpointConfig, EndpointError
 from lsp_server.remote.dialects import LlamaCppDialect, OpenAIDialect, dialect, parse_text, parse_tokens
 from lsp_server.remote.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
@@ -14,6 +17,7 @@ from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILUR
 from lsp_server.remote.request import RemoteRequest
 from lsp_server.remote.sse import DONE, MalformedEvent, parse_line
 from lsp_server.remote.stats import EndpointStats
+from tests.lsp_helpers import tokenizer_source
 
 # -- settings -----------------------------------------------------------------------------------------
 
@@ -194,6 +198,27 @@ def test_the_openai_request_and_events():
     assert OpenAIDialect().chunk({"error": {"message": "overloaded"}}).error == "overloaded"
     tokenize, _ = OpenAIDialect().tokenize(url, "x", None)
     assert tokenize == "https://gpu-box:8000/tokenize"
+
+
+def test_infill_gets_the_cursors_line_as_its_prompt():
+    """The cursor's line goes in ``/infill``'s ``prompt`` (as llama.vim sends it; documented to
+    follow the middle marker), so keystrokes on one line leave ``input_prefix`` and
+    ``input_suffix`` as they were."""
+    tokens = Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(tokenizer_source())))
+    url, line = parse_base_url("http://127.0.0.1:8080"), "    return 2 * math.pi * r"
+    above, below = "import math\n\n\ndef perimeter(r):\n", "\n\n\nprint(perimeter(2))\n"
+    held = set()
+    for k in range(len("    r"), len(line) + 1):
+        text, offset = above + line[:k] + below, len(above) + k
+        prompt = ContextBuilder().build(ContextRequest(text, offset, 256, engine_suffix=True), tokens)
+        request = RemoteRequest(
+            prompt.text, suffix=prompt.suffix, line=prompt.line, required_prefix=prompt.healed
+        )
+        path, body = LlamaCppDialect().completion(url, request, None, True)
+        assert path.endswith("/infill") and body["prompt"] + prompt.healed == line[:k]
+        assert body["input_prefix"] + body["prompt"] + prompt.healed == text[:offset]
+        held.add((body["input_prefix"], body["input_suffix"]))
+    assert held == {(above, below)}
 
 
 def test_the_llama_cpp_request_and_events():

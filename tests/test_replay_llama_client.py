@@ -8,7 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-from benchmarks.replay import LlamaServerClient, PromptWindow, _offset, choose_window_start
+from benchmarks.replay import (
+    LLAMA_SUFFIX_CHARS,
+    LlamaServerClient,
+    PromptWindow,
+    _offset,
+    choose_window_start,
+)
 
 
 async def count_words(text: str) -> int:
@@ -67,6 +73,7 @@ class FakeLlamaServer:
     def __init__(self, words: int = 4, delay: float = 0.05) -> None:
         self.words, self.delay = words, delay
         self.prompts: list[str] = []
+        self.requests: list[tuple[str, dict]] = []  # (path, body) of each completion request
         self.cut_off = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -83,6 +90,7 @@ class FakeLlamaServer:
             writer.close()
             return
         self.prompts.append(body["prompt"])
+        self.requests.append((request[1].decode(), body))
         assert body["stream"] and body["cache_prompt"] and body["stop"] == ["\n"]
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -138,6 +146,30 @@ async def test_each_keystroke_aborts_the_request_in_flight_and_the_last_one_answ
         stats = await client.stats()
         assert stats["aborted"] == 1 and stats["answered"] == 1
         assert stats["kv_cache"]["reused_share"] == 0.7
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_llama_infill_sends_the_cursors_line_as_the_prompt_and_whole_lines_after_it(tmp_path):
+    """``llama_infill`` drives ``/infill`` as llama.vim does: the window's lines above the cursor's
+    as ``input_prefix``, the cursor's line so far as ``prompt``, the rest of that line and whole
+    lines after it, within ``LLAMA_SUFFIX_CHARS``, as ``input_suffix``."""
+    fake = FakeLlamaServer(words=2, delay=0.01)
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    client = LlamaServerClient("llama_infill", {"contextTokens": 64}, tmp_path / "unused.gguf")
+    client.server.port = server.sockets[0].getsockname()[1]
+    try:
+        uri, after = "file:///x.py", "(x)\n" + numbered_lines(60)
+        await client.open(uri, numbered_lines(40) + "def f" + after, (40, 5))
+        answer = await asyncio.wait_for(client.request(uri, 40, 5), 5)
+        assert answer.items[0].insert_text == "w0 w1 "
+        ((path, body),) = fake.requests
+        assert path == "/infill" and body["prompt"] == "def f"
+        assert body["input_prefix"].endswith("line 39 has five words\n")
+        suffix = body["input_suffix"]
+        assert after.startswith(suffix) and suffix.endswith("\n") and "(x)\nline 0 has" in suffix
+        assert len(suffix) <= LLAMA_SUFFIX_CHARS < len(suffix) + len("line 99 has five words\n")
     finally:
         server.close()
         await server.wait_closed()

@@ -33,13 +33,17 @@ that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than th
 leaves room for the next few lines.
 
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
-``SUFFIX_SHARE`` of the budget. The repository layout's own cost (the repository's name and the
-current file's path, with their markers) is counted like the FIM markers, outside the snippets'
-share; where it is over ``REPO_SHARE`` of the budget the prompt is the plain FIM one instead.
+``SUFFIX_SHARE`` of the budget, and the cursor's line goes after the middle marker, encoded apart
+(``FimTemplate.line_in_middle``), so that a keystroke leaves the suffix's tokens as they were.
+The repository layout's own cost (the repository's name and the current file's path, with their
+markers) is counted like the FIM markers, outside the snippets' share; where it is over
+``REPO_SHARE`` of the budget the prompt is the plain FIM one instead.
 
 Token healing: when the cursor is mid-word, after a space or indentation, or at a line start, the
 prompt's last token is backed up over (``decoding.engine.healing.back_up``) and ``Prompt.healed``
 holds the text removed; the engine makes the output start with it and returns only what follows it.
+A line after the middle marker is healed alone (it may be backed up over whole; at a line start
+there is nothing to heal).
 """
 
 from __future__ import annotations
@@ -134,6 +138,10 @@ class Prompt:
     start: int = 0  # where the document text shown starts, in code points
     ids: tuple[int, ...] | None = None  # what the model is fed; None: tokenize ``text`` (plain window)
     suffix: str = ""  # FIM: the text after the cursor that the prompt shows
+    # FIM: the end of ``text`` that follows the middle marker (the cursor's line so far, minus
+    # ``healed``; ``fim.FimTemplate.line_in_middle``), or that an engine's own FIM takes after
+    # its marker (llama.cpp's ``/infill`` ``prompt``)
+    line: str = ""
     fim: str | None = None  # the FIM template's name, when one is used
     stop_strings: tuple[str, ...] = ()
     language: str = "text"
@@ -232,18 +240,32 @@ class ContextBuilder:
         reserve = (tokens.count(clean(cursor_text)) // RESERVE_STEP + 1) * RESERVE_STEP
         rows_budget = room - reserve - tokens.count(snippet_text)
 
+        line = clean(cursor_text)
+        line_ids = tokens.encode(line) if template is not None and template.line_in_middle else None
         head = snippet_text, cursor_text
         rows, prefix, ids = self._rows(
-            request.uri, window, outline, lines, row, head, key, tokens, rows_budget, room
+            request.uri, window, outline, lines, row, head, key, tokens, rows_budget, room, line_ids
         )
         first_row = min(rows, default=row)
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
             prefix, ids = fit_exact(prefix, tokens, max(room, 0))
+            line_ids = None  # what is left of it stays in the prefix slot
 
-        prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
+        middle: list[int] = []
+        if line_ids is not None:  # the line goes after the middle marker, healed there
+            ids, middle = ids[: len(ids) - len(line_ids)], line_ids
+            above = prefix[: len(prefix) - len(line)]
+            line, middle, healed = (
+                _healed(line, middle, tokens, whole=True) if request.heal else (line, middle, "")
+            )
+            prefix = above + line
+        else:
+            line_start = len(prefix) - len(line)
+            prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
+            line = prefix[min(max(line_start, 0), len(prefix)) :] if request.engine_suffix else ""
         stops: tuple[str, ...] = ()
         if template is not None:
-            ids = header + fim.assemble(template, ids, suffix_ids, tokens)
+            ids = header + fim.assemble(template, ids, suffix_ids, tokens, middle)
             stops = template.stops
         start = window.start + sum(len(line) for line in lines[:first_row])
         return Prompt(
@@ -252,6 +274,7 @@ class ContextBuilder:
             start=start,
             ids=tuple(ids),
             suffix=suffix,
+            line=line,
             fim=template.name if template else None,
             stop_strings=stops,
             language=spec.name,
@@ -261,12 +284,19 @@ class ContextBuilder:
     # -- pieces ---------------------------------------------------------------------------------
     @staticmethod
     def _render(
-        rows: set[int], lines: list[str], row: int, head: tuple[str, str], tokens: Tokens
+        rows: set[int],
+        lines: list[str],
+        row: int,
+        head: tuple[str, str],
+        tokens: Tokens,
+        line_ids: list[int] | None,
     ) -> tuple[str, list[int]]:
-        """The prompt's text before the cursor with ``rows`` shown, and its ids."""
+        """The prompt's text before the cursor with ``rows`` shown, and its ids: one encoding, or,
+        where the cursor's line is encoded apart (``line_ids``), the rows' and then the line's."""
         snippet_text, cursor_text = head
-        prefix = clean(snippet_text + render(rows, lines, min(rows, default=row), row) + cursor_text)
-        return prefix, tokens.encode(prefix)
+        above = clean(snippet_text + render(rows, lines, min(rows, default=row), row))
+        prefix = above + clean(cursor_text)
+        return prefix, tokens.encode(prefix) if line_ids is None else tokens.encode(above) + line_ids
 
     def _rows(
         self,
@@ -280,6 +310,7 @@ class ContextBuilder:
         tokens: Tokens,
         rows_budget: int,
         room: int,
+        line_ids: list[int] | None,
     ) -> tuple[set[int], str, list[int]]:
         """The rows shown above the cursor, and the prompt's text before it and its ids: the rows
         the document's last prompt showed where they still fit (``Shown``) and what came before
@@ -287,7 +318,7 @@ class ContextBuilder:
         less where the pieces merged into more tokens than ``room``."""
         kept = self._kept_rows(uri, window, lines, row, key)
         if kept is not None:
-            prefix, ids = self._render(kept, lines, row, head, tokens)
+            prefix, ids = self._render(kept, lines, row, head, tokens, line_ids)
             if len(ids) <= room:
                 self._remember(uri, window, lines, row, kept, key, fits=True)
                 return kept, prefix, ids
@@ -296,7 +327,7 @@ class ContextBuilder:
         prefix, ids = "", []
         for _ in range(4):
             rows = select_rows(outline, lines, tokens.count, max(rows_budget, 0))
-            prefix, ids = self._render(rows, lines, row, head, tokens)
+            prefix, ids = self._render(rows, lines, row, head, tokens, line_ids)
             if len(ids) <= room:
                 break
             rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
@@ -527,15 +558,16 @@ __all__ = [
 ]
 
 
-def _healed(prefix: str, ids: list[int], tokens: Tokens) -> tuple[str, list[int], str]:
+def _healed(prefix: str, ids: list[int], tokens: Tokens, whole: bool = False) -> tuple[str, list[int], str]:
     """The prompt backed up over its last token where the cursor is mid-word or after whitespace
-    (token healing): its text, its ids, and the text removed, which the output must begin with."""
+    (token healing): its text, its ids, and the text removed, which the output must begin with.
+    ``whole``: the text may be backed up over entirely (a FIM middle: the prompt goes on before it)."""
     if not prefix or not (prefix.endswith(HEALABLE) or _WORD_END.search(prefix)):
         return prefix, ids, ""
     from decoding.engine.healing import back_up
 
     cut = back_up(ids, prefix, tokens.decode, tokens.healing_index)
-    if cut.removed and len(cut.removed) < len(prefix):
+    if cut.removed and (len(cut.removed) < len(prefix) or whole):
         return prefix[: -len(cut.removed)], cut.ids, cut.removed
     return prefix, ids, ""
 

@@ -7,6 +7,19 @@ token of the vocabulary (SentencePiece's ``▁<PRE>`` counts for ``<PRE>``) beco
 id, never text for the tokenizer to split, and the slots are encoded as ordinary text. A model
 without such tokens (the default SmolLM2) gets a prefix-only prompt.
 
+The cursor's line up to the cursor goes after the middle marker rather than at the prefix slot's
+end (``line_in_middle``)::
+
+    <|fim_prefix|>{rows above}<|fim_suffix|>{suffix}<|fim_middle|>{the line so far}
+
+At the prefix slot's end each keystroke would change the prompt before the suffix, whose tokens
+(up to a quarter of the budget) would then be prefilled again at every keystroke; after the
+marker they are prefilled once per line. The model's distribution is the one it was trained on:
+FIM training cuts the middle at arbitrary characters, so this asks for the middles that begin
+with the line typed so far. It is also what llama.cpp's ``/infill`` documents for its ``prompt``
+field, which llama.vim and llama.vscode fill with that line (its code, build 11434, appends it to
+the prefix instead: ggml-org/llama.cpp#22678, and pays the suffix's prefill at each keystroke).
+
 Qwen2.5-Coder was also trained on whole repositories (its technical report, arXiv 2409.12186,
 "Repo-Level FIM format"; its README's repository-level example; llama.cpp's ``/infill`` builds
 the same), so where the vocabulary has ``<|repo_name|>`` and ``<|file_sep|>`` too, ``auto`` picks
@@ -42,6 +55,11 @@ class FimTemplate:
     # The repository-level layout's markers, where the model was trained on one ("": none).
     repo_name: str = ""
     file_sep: str = ""
+    # The cursor's line up to the cursor goes after the template, past the middle marker, so a
+    # keystroke changes only the prompt's end (the module's docstring says why the model is the
+    # same). Byte-level vocabularies only: a SentencePiece one (CodeLlama) would encode the line
+    # with a leading space of its own; custom templates keep the line in their prefix slot.
+    line_in_middle: bool = False
 
     @property
     def repo_level(self) -> bool:
@@ -78,6 +96,7 @@ STYLES: dict[str, FimTemplate] = {
             "starcoder",
             "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
             ("<|endoftext|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<file_sep>"),
+            line_in_middle=True,
         ),
         # before "qwen": auto takes the first style the vocabulary has every marker of
         FimTemplate(
@@ -86,12 +105,19 @@ STYLES: dict[str, FimTemplate] = {
             _QWEN_STOPS,
             repo_name="<|repo_name|>",
             file_sep="<|file_sep|>",
+            line_in_middle=True,
         ),
-        FimTemplate("qwen", "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>", _QWEN_STOPS),
+        FimTemplate(
+            "qwen",
+            "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+            _QWEN_STOPS,
+            line_in_middle=True,
+        ),
         FimTemplate(
             "deepseek",
             "<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
             ("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>"),
+            line_in_middle=True,
         ),
         FimTemplate("codellama", "<PRE> {prefix} <SUF>{suffix} <MID>", ("<EOT>", "</s>")),
     ]
@@ -128,9 +154,14 @@ def is_valid_setting(value: str) -> bool:
 
 
 def assemble(
-    template: FimTemplate, prefix_ids: list[int], suffix_ids: list[int], tokens: Tokens
+    template: FimTemplate,
+    prefix_ids: Sequence[int],
+    suffix_ids: Sequence[int],
+    tokens: Tokens,
+    middle_ids: Sequence[int] = (),
 ) -> list[int]:
-    """The prompt's ids: markers as single tokens, literal text encoded, slots filled."""
+    """The prompt's ids: markers as single tokens, literal text encoded, slots filled, and the
+    middle begun with ``middle_ids`` (the cursor's line, for a ``line_in_middle`` template)."""
     out: list[int] = []
     for piece in re.split(r"(\{prefix\}|\{suffix\})", template.template):
         if piece == "{prefix}":
@@ -139,7 +170,7 @@ def assemble(
             out.extend(suffix_ids)
         elif piece:
             out.extend(_literal_ids(piece, tokens))
-    return out
+    return out + list(middle_ids)
 
 
 def overhead(template: FimTemplate, tokens: Tokens) -> int:

@@ -3,7 +3,9 @@
 ``openai``: ``POST {base}/completions`` (``/v1`` is added when the base URL lacks it), served by
 vLLM, TGI, llama.cpp's server and Ollama; FIM through ``suffix`` where the engine supports it.
 ``llama.cpp``: its native ``POST /completion`` (``cache_prompt``: the slot keeps the prompt's KV
-cache, so the next keystroke prefills only what changed) and ``POST /infill`` for a suffix.
+cache, so the next keystroke prefills only what changed) and ``POST /infill`` for a suffix, with
+the cursor's line as its ``prompt``, as llama.vim sends it (documented to follow the middle marker,
+where a keystroke leaves the prefix and the suffix cached; build 11434 appends it to the prefix).
 Both stream server-sent events. Tokenizing is ``POST /tokenize`` at the server's root in both
 (llama.cpp reads ``content``, vLLM ``prompt``; both are sent).
 """
@@ -128,7 +130,8 @@ class LlamaCppDialect:
         elif request.stop:
             body["stop"] = list(request.stop)
         if use_suffix and request.suffix is not None and isinstance(prompt, str):
-            body.update(input_prefix=prompt, input_suffix=request.suffix, prompt="")
+            cut = len(prompt) - len(request.line) if prompt.endswith(request.line) else len(prompt)
+            body.update(input_prefix=prompt[:cut], input_suffix=request.suffix, prompt=prompt[cut:])
             return _root(url) + "/infill", body
         body["prompt"] = prompt
         return _root(url) + "/completion", body

@@ -19,6 +19,9 @@ class RemoteRequest:
 
     prompt: str | Sequence[int]
     suffix: str | None = None  # fill-in-the-middle: sent only when the engine is asked to use it
+    # fill-in-the-middle: the end of a text prompt that is the cursor's line so far, which
+    # llama.cpp's ``/infill`` takes as its ``prompt`` (documented to follow the middle marker)
+    line: str = ""
     max_tokens: int = 64
     stop: tuple[str, ...] = ()  # e.g. ("\n",): the engine stops there and leaves the string out
     temperature: float = 0.0  # greedy

@@ -138,6 +138,7 @@ class RemoteRuntime:
         return RemoteRequest(
             prompt.text if as_text else list(prompt.ids or ()),
             suffix=suffix,
+            line=prompt.line if as_text else "",
             max_tokens=settings.max_new_tokens,
             stop=("\n",) if ending.stop_at_newline else (),
             required_prefix=prompt.healed,
