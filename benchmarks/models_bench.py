@@ -2,11 +2,12 @@
 
 For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
 through ``decoding/forward/native``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
-process of its own (load time, resident memory with the model warm, a decode step and verify
-passes over 2, 4 and 8 tokens after ``--context`` tokens, a prefill of ``--context`` tokens),
-and llama-server (2 threads, the same file) on the same random prompt: its load time, resident
-memory, prefill and decode per token from its own ``timings``. Backends and the peer alternate
-round by round; each figure is the median over rounds.
+process of its own (load time, resident memory with the model warm and the freed heap given back as
+the server's worker does between requests, a decode step and verify passes over 2, 4 and 8 tokens
+after ``--context`` tokens, a prefill of ``--context`` tokens), and llama-server (2 threads, the
+same file) on the same random prompt: its load time, resident memory, prefill and decode per token
+from its own ``timings``. Backends and the peer alternate round by round; each figure is the median
+over rounds.
 
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
@@ -54,6 +55,7 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
     """One backend (the environment's), in this process."""
     import torch
 
+    from decoding.memory import trim_heap
     from decoding.models.loading import load_model
     from lsp_server.stats import process_memory
 
@@ -78,6 +80,7 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
                 cache.crop(-width)
             passes["step_ms" if width == 1 else f"verify{width}_ms"] = statistics.median(times[2:])
     kernels = "native" if forward.native is not None else "torch"
+    trim_heap()  # what the server's decode worker does once no request waits (lsp_server/server.py)
     return {
         "load_s": load_s,
         "quantization": model.quantization,

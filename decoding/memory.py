@@ -4,9 +4,11 @@ Why: glibc keeps what a process frees in its heap, and raises the size below whi
 from the heap (up to 32 MB) as large blocks are freed, so a pass over many rows leaves its
 activations (tens of MB a tensor for a 1.5B model's 512-row prefill) resident until something
 trims the heap: the server's resident memory then holds its largest pass long after it. Trimming
-takes ~10 ms after such a pass (against seconds for the pass) and well under 1 ms otherwise; a
+takes ~10 ms after such a pass (against seconds for the pass) and about 1 ms otherwise; a
 lower fixed threshold would give the memory back too, but made every large pass page-fault its
-fresh buffers (a 512-row prefill 20% slower). No library does this; a no-op off glibc.
+fresh buffers (a 512-row prefill 20% slower). The server's decode worker trims too whenever no
+request waits: the few-row passes of a decode leave tens of MB for it to give back.
+No library does this; a no-op off glibc.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ the job callable, so its logic is tested without a model.
 
 Background jobs (prefetch, indexing draft sources) use the worker only while no request needs
 it: any request's arrival stops every background job at its next step and skips queued ones.
+After a job, when no other waits, the worker runs its owner's housekeeping (``on_idle``).
 
 For the soak test only: ``LSP_SERVER_TEST_FAULTS=decode:N`` makes the N-th request job the worker
 runs raise ``InjectedFault`` from inside its decode, at the engine's second stop check (after the
@@ -147,8 +148,11 @@ class Ticket:
 class Scheduler:
     """Runs jobs one at a time on a daemon worker thread; at most one live job per key."""
 
-    def __init__(self, name: str = "decode-worker") -> None:
+    def __init__(self, name: str = "decode-worker", on_idle: Callable[[], None] | None = None) -> None:
+        """``on_idle`` runs on the worker after a job when no other job waits (the answer already
+        sent): housekeeping that must not delay an answer, such as giving freed memory back."""
         self.name = name
+        self._on_idle = on_idle
         self._queue: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._active: dict[str, Ticket] = {}  # key -> newest ticket; touched on the loop thread only
         self._background: set[Ticket] = set()  # background tickets not finished yet; loop thread only
@@ -287,3 +291,8 @@ class Scheduler:
                 outcome.status = "superseded" if ticket.superseded else "cancelled"
             with contextlib.suppress(Exception):
                 ticket.resolve(outcome)
+            if self._on_idle is not None and self._queue.empty():
+                try:
+                    self._on_idle()
+                except Exception:
+                    log.exception("the worker's idle housekeeping failed")

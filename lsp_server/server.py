@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
+from decoding.memory import trim_heap
 from lsp_server import __version__, lifecycle
 from lsp_server.completion import ACCEPTED_COMMAND, Completion, CompletionService
 from lsp_server.config import SECTION, Layered, Settings, layer
@@ -53,7 +54,8 @@ class CompletionServer(LanguageServer):
         self.startup_messages: list[tuple[Layered, str]] = []  # told once the client is initialized
         self.stats = ServerStats()
         self.host = ModelHost()
-        self.scheduler = Scheduler()
+        # freed activations go back to the OS between requests: glibc would keep them resident
+        self.scheduler = Scheduler(on_idle=trim_heap)
         self.service = CompletionService(
             self.host,
             self.scheduler,

@@ -237,3 +237,30 @@ async def test_cancelling_the_task_awaiting_a_background_job_stops_the_job(sched
     await wait_started(job)
     task.cancel()
     assert await asyncio.to_thread(job.stopped_early.wait, GUARD_S)
+
+
+async def test_idle_housekeeping_runs_once_nothing_waits():
+    """``on_idle`` (the server gives freed memory back there) runs after a job and only once the
+    queue is empty: a job queued behind another never waits for it. One that raises leaves the
+    worker serving."""
+    first, second = SpinJob(steps=20), SpinJob(steps=2)
+    seen: list[tuple[int, int]] = []  # (first's calls, second's calls) at each idle run
+
+    def on_idle() -> None:
+        seen.append((first.calls, second.calls))
+        if len(seen) == 1:
+            raise RuntimeError("housekeeping failed")
+
+    sched = Scheduler(on_idle=on_idle)
+    try:
+        runs = [sched.run("a", first), sched.run("b", second)]
+        outcomes = await asyncio.wait_for(asyncio.gather(*runs), GUARD_S)
+        assert [o.status for o in outcomes] == ["done", "done"]
+        await asyncio.sleep(0.05)
+        assert seen == [(1, 1)]  # not between the two jobs
+        third = await asyncio.wait_for(sched.run("c", SpinJob(steps=1)), GUARD_S)  # the worker lives
+        assert third.status == "done"
+        await asyncio.sleep(0.05)
+        assert seen == [(1, 1), (1, 1)]
+    finally:
+        sched.close()
