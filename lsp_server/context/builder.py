@@ -211,21 +211,16 @@ class ContextBuilder:
         text (healing only removes whole tokens from the end)."""
         budget = max(int(request.budget_tokens), 1)
         spec = request.language or detect(request.language_id, request.uri)
-        text = request.text
-        offset = max(0, min(request.offset, len(text)))
-        window, outline, lines, row, cursor_text = self._outline(request.uri, text, offset, spec, budget)
+        offset = max(0, min(request.offset, len(request.text)))
+        window, outline, lines, row, cursor_text = self._outline(
+            request.uri, request.text, offset, spec, budget
+        )
 
         template = fim.resolve(request.fim_template, tokens)
         layout = self._layout(request, template, spec, tokens, budget)
         if template is not None and layout is None:
             template = fim.file_only(template)
-        suffix, suffix_ids, overhead = "", [], 0
-        if template is not None:
-            overhead = fim.overhead(template, tokens)
-            suffix, suffix_ids = self._suffix(text, offset, tokens, int(budget * SUFFIX_SHARE))
-        elif request.engine_suffix:
-            suffix = self._suffix_text(text, offset, tokens, int(budget * SUFFIX_SHARE))
-            overhead = tokens.count(suffix)
+        suffix, suffix_ids, overhead = self._after_cursor(request, template, offset, tokens, budget)
 
         header: list[int] = []  # the repository layout's ids, before the FIM prompt
         if template is not None and layout is not None:
@@ -251,30 +246,19 @@ class ContextBuilder:
             prefix, ids = fit_exact(prefix, tokens, max(room, 0))
             line_ids = None  # what is left of it stays in the prefix slot
 
-        middle: list[int] = []
-        if line_ids is not None:  # the line goes after the middle marker, healed there
-            ids, middle = ids[: len(ids) - len(line_ids)], line_ids
-            above = prefix[: len(prefix) - len(line)]
-            line, middle, healed = (
-                _healed(line, middle, tokens, whole=True) if request.heal else (line, middle, "")
-            )
-            prefix = above + line
-        else:
-            line_start = len(prefix) - len(line)
-            prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
-            line = prefix[min(max(line_start, 0), len(prefix)) :] if request.engine_suffix else ""
+        end = _healed_end(prefix, ids, line, line_ids, request, tokens)
+        ids = end.ids
         stops: tuple[str, ...] = ()
         if template is not None:
-            ids = header + fim.assemble(template, ids, suffix_ids, tokens, middle)
+            ids = header + fim.assemble(template, end.ids, suffix_ids, tokens, end.middle)
             stops = template.stops
-        start = window.start + sum(len(line) for line in lines[:first_row])
         return Prompt(
-            text=prefix,
-            healed=healed,
-            start=start,
+            text=end.text,
+            healed=end.healed,
+            start=window.start + sum(len(shown) for shown in lines[:first_row]),
             ids=tuple(ids),
             suffix=suffix,
-            line=line,
+            line=end.line,
             fim=template.name if template else None,
             stop_strings=stops,
             language=spec.name,
@@ -421,6 +405,25 @@ class ContextBuilder:
             ids = tokens.encode(suffix)
         return suffix, ids
 
+    def _after_cursor(
+        self,
+        request: ContextRequest,
+        template: fim.FimTemplate | None,
+        offset: int,
+        tokens: Tokens,
+        budget: int,
+    ) -> tuple[str, list[int], int]:
+        """The text after the cursor the prompt shows, its ids (those a FIM template fills in), and
+        the tokens it and the template cost: nothing without FIM or an engine's own FIM."""
+        share = int(budget * SUFFIX_SHARE)
+        if template is not None:
+            suffix, suffix_ids = self._suffix(request.text, offset, tokens, share)
+            return suffix, suffix_ids, fim.overhead(template, tokens)
+        if request.engine_suffix:
+            suffix = self._suffix_text(request.text, offset, tokens, share)
+            return suffix, [], tokens.count(suffix)
+        return "", [], 0
+
     @staticmethod
     def _suffix_text(text: str, offset: int, tokens: Tokens, budget: int) -> str:
         """The suffix for an engine's own FIM: whole lines, nearest first, within ``budget`` as
@@ -556,6 +559,41 @@ __all__ = [
     "OpenDocument",
     "Prompt",
 ]
+
+
+@dataclass(frozen=True)
+class _End:
+    """The prompt's end, healed: the text before the cursor and the ids of the prefix slot, the
+    ids after the middle marker and the line they hold, and the text healing backed up over."""
+
+    text: str
+    ids: list[int]
+    middle: list[int]
+    line: str
+    healed: str
+
+
+def _healed_end(
+    prefix: str,
+    ids: list[int],
+    line: str,
+    line_ids: list[int] | None,
+    request: ContextRequest,
+    tokens: Tokens,
+) -> _End:
+    """Heal the prompt's end: the cursor's ``line`` alone where it goes after the middle marker
+    (``line_ids``, the end of ``ids``), else the whole prefix; ``line`` is kept for an engine's own
+    FIM, which takes the cursor's line apart."""
+    if line_ids is not None:
+        above = prefix[: len(prefix) - len(line)]
+        line, middle, healed = (
+            _healed(line, line_ids, tokens, whole=True) if request.heal else (line, line_ids, "")
+        )
+        return _End(above + line, ids[: len(ids) - len(line_ids)], middle, line, healed)
+    line_start = len(prefix) - len(line)
+    prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
+    line = prefix[min(max(line_start, 0), len(prefix)) :] if request.engine_suffix else ""
+    return _End(prefix, ids, [], line, healed)
 
 
 def _healed(prefix: str, ids: list[int], tokens: Tokens, whole: bool = False) -> tuple[str, list[int], str]:
