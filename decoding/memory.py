@@ -9,6 +9,10 @@ lower fixed threshold would give the memory back too, but made every large pass 
 fresh buffers (a 512-row prefill 20% slower). The server's decode worker trims too whenever no
 request waits: the few-row passes of a decode leave tens of MB for it to give back.
 No library does this; a no-op off glibc.
+
+Buffers that are mostly headroom (a KV cache grows by a quarter at a time) come zeroed from an
+anonymous private mapping (``untouched_zeros``): the kernel gives a page only when it is first
+written, where ``torch.zeros`` writes, and so makes resident, every page at once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ import contextlib
 import ctypes
 import functools
 import gc
+import math
+import mmap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 TRIM_ROWS = 64  # a pass over this many rows or more trims the heap after it
 
@@ -46,4 +56,19 @@ def give_back_freed_memory() -> None:
     trim_heap()
 
 
-__all__ = ["TRIM_ROWS", "give_back_freed_memory", "trim_heap"]
+def untouched_zeros(*size: int) -> torch.Tensor:
+    """fp32 zeros of ``size`` whose pages become resident only once written (reading an unwritten
+    page maps the kernel's shared zero page). Private and anonymous: a shared mapping would
+    allocate on reads too, and numpy's ``zeros`` asks for huge pages, resident 2 MB at a time.
+    Freed (unmapped) with the last tensor viewing it. (torch is imported here: the server imports
+    this module before it knows whether a model runs in this process.)"""
+    import torch
+
+    count = math.prod(size)
+    if count == 0:
+        return torch.zeros(size)
+    mapping = mmap.mmap(-1, count * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=torch.float32).view(size)
+
+
+__all__ = ["TRIM_ROWS", "give_back_freed_memory", "trim_heap", "untouched_zeros"]

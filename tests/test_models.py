@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from decoding.forward.cpu_matmul import SmallBatchLinear
+from decoding.forward.llama import from_transformers
 from decoding.models import discovery
 from decoding.models.loading import (
     ModelLoadError,
@@ -14,6 +17,7 @@ from decoding.models.loading import (
     resolve_device,
     resolve_dtype,
 )
+from lsp_server.stats import process_memory
 from tests.tiny_models import TinyTokenizer, loaded, tiny_model
 
 
@@ -124,3 +128,24 @@ def test_a_pass_over_many_rows_gives_its_activations_back_to_the_os(monkeypatch)
     whole = forward(tokens, forward.new_cache())
     assert trimmed == [True]
     assert torch.equal(whole, torch.cat([short, rest]))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_a_caches_headroom_takes_no_memory_until_reached():
+    """A KV cache's room past its positions is zeros no page of which is resident until a pass
+    writes there, read or not (attention reads whole key blocks): here ~256 MB of headroom for a
+    few MB written. Growing the cache keeps every position and the logits."""
+    forward = from_transformers(tiny_model(3, layers=4, hidden=512, max_positions=40000), 4)
+    tokens = [i % 60 for i in range(40)]
+    before = process_memory()["rss_mb"]
+    cache = forward.new_cache()
+    cache.reserve(32000)
+    logits = forward(tokens, cache)
+    headroom = cache.kv[:, :, cache.length :]
+    assert cache.kv.nbytes > 200e6 and torch.count_nonzero(headroom) == 0  # read, every page of it
+    grown_by = process_memory()["rss_mb"] - before
+    assert grown_by < 40, f"{grown_by} MB resident for a {cache.kv.nbytes / 1e6:.0f} MB cache"
+    grown = forward.new_cache()
+    assert torch.equal(forward(tokens[:20], grown), logits[:20])
+    grown.reserve(6000)  # new buffers, the 20 positions copied over
+    assert torch.equal(forward(tokens[20:], grown), logits[20:])

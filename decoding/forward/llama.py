@@ -47,7 +47,7 @@ from decoding.forward.quant.layers import (
     concat_rows,
     linear_for,
 )
-from decoding.memory import TRIM_ROWS, trim_heap
+from decoding.memory import TRIM_ROWS, trim_heap, untouched_zeros
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,8 @@ class KVCache:
     when a pass would overflow it; positions past ``length`` hold stale but finite values,
     which the causal mask hides. A layer's keys and values are adjacent heads of one tensor
     (``layer(i)``: keys first), as the projection leaves them, so a pass stores both in one copy.
+    Both buffers are ``untouched_zeros``: their headroom (up to a third of a cache just grown)
+    takes no memory until positions reach it.
     """
 
     SPARE = 256
@@ -199,11 +201,11 @@ class KVCache:
         self._layers = list(self.kv)  # each layer's view, made once: not a select per layer per pass
         # The last layer's output after the final norm at every position: what a draft head
         # (``decoding/draft_head/network.py``) reads. 1/40 of the keys' and values' size.
-        self.hidden = torch.zeros(self.capacity, shape.dim)
+        self.hidden = untouched_zeros(self.capacity, shape.dim)
 
     def _buffer(self, capacity: int) -> torch.Tensor:
         s = self.shape
-        return torch.zeros(s.layers, 2 * s.kv_heads, capacity, s.head_dim)
+        return untouched_zeros(s.layers, 2 * s.kv_heads, capacity, s.head_dim)
 
     @property
     def capacity(self) -> int:
@@ -230,7 +232,7 @@ class KVCache:
         grown = self._buffer(capacity)
         grown[:, :, : self.length] = self.kv[:, :, : self.length]
         self.kv, self._layers = grown, list(grown)
-        hidden = torch.zeros(capacity, self.shape.dim)
+        hidden = untouched_zeros(capacity, self.shape.dim)
         hidden[: self.length] = self.hidden[: self.length]
         self.hidden = hidden
 
