@@ -98,13 +98,30 @@ def test_every_output_is_written_whatever_the_threads_shares(out):
 
 
 def test_weights_side_by_side_fill_one_output():
-    """q, k and v of different types (a Q4_K_M file keeps v in Q6_K) in one product."""
+    """q, k and v of different types (a Q4_K_M file keeps v in Q6_K) in one call: the activations
+    quantized again where a weight's activation type differs from the one before's (Q8_K, Q8_0,
+    then Q8_K again), each output as the weight's own product gives it."""
     rng = np.random.default_rng(5)
-    parts = [weight(kind, rng, out) for kind, out in ((QType.Q4_K, 64), (QType.Q6_K, 32), (QType.Q8_0, 32))]
+    parts = [weight(kind, rng, out) for kind, out in ((QType.Q4_K, 64), (QType.Q8_0, 32), (QType.Q6_K, 32))]
     joined = NativeLinear(NATIVE, [w for w, _ in parts])
     x = torch.randn(6, IN)
-    alone = torch.cat([NativeLinear(NATIVE, [w])(x) for w, _ in parts], dim=1)
+    alone = torch.full((6, 128), float("nan"))
+    for column, (w, _) in zip((0, 64, 96), parts, strict=True):
+        NATIVE.matmul(w.kind, w.blocks, x, alone, column)
     assert torch.equal(joined(x), alone)
+
+
+def test_rms_norm_is_the_models_norm_and_each_row_alone():
+    """One C call for the lean forward's norms: torch's norm to float rounding, and every row
+    the same in a pass of any length."""
+    torch.manual_seed(0)
+    x = torch.randn(33, 576) * torch.logspace(-3, 3, 33)[:, None]
+    w = torch.randn(576)
+    got = NATIVE.rms_norm(x, w, 1e-5)
+    want = torch.nn.functional.rms_norm(x, (576,), w, 1e-5)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    for first, rows in ((0, 1), (5, 3), (32, 1)):
+        assert torch.equal(NATIVE.rms_norm(x[first : first + rows], w, 1e-5), got[first : first + rows])
 
 
 @pytest.mark.parametrize("dim", [32, 64, 72, 128])  # the vectorized sums, and a tail past them

@@ -368,13 +368,20 @@ class LlamaForward:
             h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
             h = h + self._feed_forward(layer, h)
         cache.length = end
-        normed = F.rms_norm(h, (self.shape.dim,), self.norm, self.shape.norm_eps)
+        normed = self._rms_norm(h, self.norm)
         cache.hidden[start:end] = normed
         logits = self.output_layer(normed[-keep:] if keep else normed, allowed, greedy_only)
         if rows >= TRIM_ROWS:
             del h, normed
             trim_heap()  # the pass's activations, back to the OS (``decoding/memory.py``)
         return logits
+
+    def _rms_norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The model's RMS norm of each row of ``h``: the native kernels' where the products run
+        there (one call, where torch's composite norm is several ops a row)."""
+        if self.native is not None:
+            return self.native.rms_norm(h, weight, self.shape.norm_eps)
+        return F.rms_norm(h, (self.shape.dim,), weight, self.shape.norm_eps)
 
     def _rotations(self, end: int) -> torch.Tensor:
         """The rotary table through position ``end`` at least."""
@@ -395,7 +402,7 @@ class LlamaForward:
         end: int,
     ) -> torch.Tensor:
         s, rows = self.shape, h.shape[0]
-        qkv = projected_heads(layer, s, F.rms_norm(h, (s.dim,), layer.attn_norm, s.norm_eps))
+        qkv = projected_heads(layer, s, self._rms_norm(h, layer.attn_norm))
         all_heads = s.heads + 2 * s.kv_heads
         qkv = torch.view_as_complex(qkv.view(rows, all_heads, s.head_dim // 2, 2)) * rotary
         qkv = torch.view_as_real(qkv).view(rows, all_heads, s.head_dim)  # q and k rotated, v as is
@@ -432,7 +439,7 @@ class LlamaForward:
 
     def _feed_forward(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
         s = self.shape
-        gate, up = layer.gate_up(F.rms_norm(h, (s.dim,), layer.ffn_norm, s.norm_eps)).split(s.ffn, dim=-1)
+        gate, up = layer.gate_up(self._rms_norm(h, layer.ffn_norm)).split(s.ffn, dim=-1)
         return layer.down(F.silu(gate) * up)
 
 

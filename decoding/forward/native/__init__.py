@@ -52,6 +52,9 @@ class Kernels:
         lib.lsq_supports.argtypes = [_INT]
         lib.lsq_matmul.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_matmul_reference.argtypes = lib.lsq_matmul.argtypes
+        many = [_INT, _POINTER, _POINTER, _POINTER]  # count, types, addresses, rows of each
+        lib.lsq_matmul_many.argtypes = many + [_I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_rms_norm.argtypes = [_POINTER, _POINTER, _I64, _I64, ctypes.c_float, _POINTER]
         lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
         lib.lsq_attention.argtypes = [
@@ -92,6 +95,46 @@ class Kernels:
         faster kernels must equal bit for bit)."""
         self.product(int(kind), blocks.ctypes.data, len(blocks), x, out, column, reference)
 
+    def products(self, group: WeightGroup, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = x @ W.T`` for W the ``group``'s weights side by side, in one call (``x`` quantized
+        once for weights of one activation type): each output as ``product``'s."""
+        rows, n_in = x.shape
+        for kind in group.distinct_kinds:
+            self._reserve_scratch(kind, rows, n_in)
+        done = self.lib.lsq_matmul_many(
+            group.count,
+            group.kinds,
+            group.addresses,
+            group.out_rows,
+            n_in,
+            x.data_ptr(),
+            rows,
+            out.data_ptr(),
+            out.shape[1],
+            self._scratch.data_ptr(),
+        )
+        if done != 0:
+            raise RuntimeError(f"native products of types {list(group.kinds)} failed ({done})")
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """Each row of ``x`` (rows, n) fp32 contiguous over its root mean square, times ``weight``:
+        one C call where torch's composite norm is several ops (most of its time on one row)."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self.lib.lsq_rms_norm(x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
+        return out
+
+    def _reserve_scratch(self, kind: int, rows: int, n_in: int) -> None:
+        """Room in the scratch for ``rows`` activation rows quantized for ``kind``'s products."""
+        key = (kind, n_in)
+        row_bytes = self._activation_bytes.get(key)
+        if row_bytes is None:
+            row_bytes = self._activation_bytes[key] = self.lib.lsq_row_bytes(
+                self.lib.lsq_vec_dot_type(kind), n_in
+            )
+        if self._scratch.numel() < rows * row_bytes:
+            self._scratch = torch.empty(rows * row_bytes, dtype=torch.uint8)
+
     def product(
         self,
         kind: int,
@@ -104,14 +147,7 @@ class Kernels:
     ) -> None:
         """``matmul`` for the ``out_rows`` weight rows of type ``kind`` at ``address``."""
         rows, n_in = x.shape
-        key = (kind, n_in)
-        row_bytes = self._activation_bytes.get(key)
-        if row_bytes is None:
-            row_bytes = self._activation_bytes[key] = self.lib.lsq_row_bytes(
-                self.lib.lsq_vec_dot_type(kind), n_in
-            )
-        if self._scratch.numel() < rows * row_bytes:
-            self._scratch = torch.empty(rows * row_bytes, dtype=torch.uint8)
+        self._reserve_scratch(kind, rows, n_in)
         product = self.lib.lsq_matmul_reference if reference else self.lib.lsq_matmul
         y = out.data_ptr() + column * out.element_size()
         done = product(
@@ -263,6 +299,18 @@ class Weight:
         return self.blocks.ctypes.data
 
 
+class WeightGroup:
+    """Weights side by side as ``lsq_matmul_many`` takes them: their types, addresses and row
+    counts as C arrays, made once (a decode step calls it four times a layer)."""
+
+    def __init__(self, weights: Sequence[Weight]) -> None:
+        self.count = len(weights)
+        self.kinds = (ctypes.c_int * self.count)(*(int(w.kind) for w in weights))
+        self.addresses = (ctypes.c_void_p * self.count)(*(w.address for w in weights))
+        self.out_rows = (ctypes.c_int64 * self.count)(*(w.out_features for w in weights))
+        self.distinct_kinds = tuple(dict.fromkeys(int(w.kind) for w in weights))
+
+
 class NativeLinear(torch.nn.Module):
     """``x @ W.T`` for weights in a GGUF's own blocks (memory-mapped, never copied), on the
     native kernels; several weights side by side (q, k and v) fill one output, each in its type.
@@ -277,15 +325,17 @@ class NativeLinear(torch.nn.Module):
         self.kernels, self.weights, self.order = kernels, list(weights), order
         self.in_features = self.weights[0].width
         self.out_features = sum(w.out_features for w in self.weights)
+        self.group = WeightGroup(self.weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float().contiguous()
         out = torch.empty(x.shape[0], self.out_features)
-        column = 0
-        for weight in self.weights:
-            self.kernels.product(weight.kind, weight.address, weight.out_features, x, out, column)
-            column += weight.out_features
+        self.kernels.products(self.group, x, out)
         return out if self.order is None else out[:, self.order]
+
+    # Called as a function, without ``Module.__call__``'s hook handling: a decode step makes
+    # four of these calls a layer, and nothing hooks them.
+    __call__ = forward
 
     def nbytes(self) -> int:
         return sum(w.blocks.nbytes for w in self.weights)

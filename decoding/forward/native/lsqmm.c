@@ -213,30 +213,30 @@ int lsq_supports(int type) {
     return traits->vec_dot_type == GGML_TYPE_F32 || x->from_float != NULL;
 }
 
-// y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed;
-// y's rows are ldy floats apart (a column slice of a wider output). `scratch` holds at least
-// rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes. `reference`: ggml's vec_dot for every
-// output, on the calling thread (what the tests compare the faster kernels with).
-static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
-                  float *y, int64_t ldy, void *scratch, int reference) {
-    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
-    if (!pool.ready || !traits->vec_dot) return -1;
-    enum ggml_type dot_type = traits->vec_dot_type;
+// The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
+// vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32.
+static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch) {
+    enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot_type;
+    if (dot_type == GGML_TYPE_F32) return (const char *) x;
+    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    if (!quantize) return NULL;
     size_t xq_bytes = ggml_row_size(dot_type, n_in);
-    const char *xq = (const char *) x;
-    if (dot_type != GGML_TYPE_F32) {
-        ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
-        if (!quantize) return -2;
-        for (int64_t r = 0; r < rows; r++) {
-            quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
-        }
-        xq = (const char *) scratch;
-    }
+    for (int64_t r = 0; r < rows; r++) quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
+    return (const char *) scratch;
+}
+
+// y[r][0..n_out) = the activation rows xq (quantized by quantized_rows) times the n_out weight
+// rows of type `type` at w, transposed; y's rows are ldy floats apart (a column slice of a wider
+// output). `reference`: ggml's vec_dot for every output, on the calling thread (what the tests
+// compare the faster kernels with).
+static void product(int type, const void *w, int64_t n_out, int64_t n_in, const char *xq, int64_t rows,
+                    float *y, int64_t ldy, int reference) {
+    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
     job_t *job = &pool.job;
     job->w = (const char *) w;
     job->row_bytes = ggml_row_size((enum ggml_type) type, n_in);
     job->xq = xq;
-    job->xq_bytes = xq_bytes;
+    job->xq_bytes = ggml_row_size(traits->vec_dot_type, n_in);
     job->vec_dot = traits->vec_dot;
     // krows.c's and kpairs.c's kernels where the type has them, one row included (they ask for
     // the weights ahead, which vec_dot does not); else, and for `reference`, ggml's own vec_dot.
@@ -252,12 +252,59 @@ static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const fl
         job->share = job->chunks;
         atomic_store(&job->next[0].chunk, 0);
         run_share(job, 0);
-        return 0;
+        return;
     }
     job->share = (job->chunks + pool.threads - 1) / pool.threads;
     for (int t = 0; t < pool.threads; t++) atomic_store(&job->next[t].chunk, t * job->share);
     pool.task = 0;
     post_and_join();
+}
+
+// y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed.
+// `scratch` holds at least rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes.
+static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
+                  float *y, int64_t ldy, void *scratch, int reference) {
+    if (!pool.ready || !ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot) return -1;
+    const char *xq = quantized_rows(type, n_in, x, rows, scratch);
+    if (!xq) return -2;
+    product(type, w, n_out, n_in, xq, rows, y, ldy, reference);
+    return 0;
+}
+
+// Several weights side by side (q, k and v; gate and up) in one call: weight i's n_outs[i] rows
+// of types[i] at ws[i] fill y's next n_outs[i] columns. x is quantized once for weights whose
+// activation type is the one before's (scratch as for matmul). Each output is the same as
+// lsq_matmul's for its weight alone.
+int lsq_matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
+                    const float *x, int64_t rows, float *y, int64_t ldy, void *scratch) {
+    if (!pool.ready) return -1;
+    int quantized_for = -1;
+    const char *xq = NULL;
+    for (int i = 0; i < count; i++) {
+        const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) types[i]);
+        if (!traits->vec_dot) return -1;
+        if ((int) traits->vec_dot_type != quantized_for) {
+            xq = quantized_rows(types[i], n_in, x, rows, scratch);
+            if (!xq) return -2;
+            quantized_for = (int) traits->vec_dot_type;
+        }
+        product(types[i], ws[i], n_outs[i], n_in, xq, rows, y, ldy, 0);
+        y += n_outs[i];
+    }
+    return 0;
+}
+
+// out (rows, n) = each row of x (rows, n) over its root mean square, times w: the sum of squares
+// in one fixed order (double), so a row comes out the same in any pass.
+int lsq_rms_norm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += (double) row[i] * (double) row[i];
+        const float scale = (float) (1.0 / sqrt(sum / (double) n + (double) eps));
+        float *o = out + r * n;
+        for (int64_t i = 0; i < n; i++) o[i] = row[i] * scale * w[i];
+    }
     return 0;
 }
 
