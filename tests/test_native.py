@@ -124,15 +124,24 @@ def test_rms_norm_is_the_models_norm_and_each_row_alone():
         assert torch.equal(NATIVE.rms_norm(x[first : first + rows], w, 1e-5), got[first : first + rows])
 
 
-@pytest.mark.parametrize("dim", [32, 64, 72, 128])  # the vectorized sums, and a tail past them
-def test_attention_is_softmax_attention_and_each_row_alone(dim):
+@pytest.mark.parametrize("dim", [32, 64, 68, 128])  # eight-lane sums, and a tail past them
+def test_attention_rotates_caches_and_attends_each_row_alone(dim):
+    """One call a layer: q and k rotated (complex factors, q's scale in them), k and v written
+    to the cache, softmax attention over each row's keys; a row the same in any pass."""
     torch.manual_seed(0)
-    heads, kv_heads, capacity = 6, 2, 512
+    heads, kv_heads, capacity, start, rows = 6, 2, 512, 300, 40
     cache = torch.randn(2 * kv_heads, capacity, dim)
-    q = torch.randn(40, heads, dim) * 0.2
-    start = 300
-    got = NATIVE.attention(q, cache, start)
+    qkv = torch.randn(rows, heads + 2 * kv_heads, dim) * 0.5
+    angles = torch.rand(rows, heads + kv_heads, dim // 2) * 6.3
+    rotary = torch.polar(torch.rand(rows, heads + kv_heads, 1) + 0.1, angles)
+    got = NATIVE.attention(qkv, rotary, cache, start)
+    turned = torch.view_as_real(
+        torch.view_as_complex(qkv[:, : heads + kv_heads].reshape(rows, -1, dim // 2, 2)) * rotary
+    )
+    q, k = turned[:, :heads].reshape(rows, heads, dim), turned[:, heads:].reshape(rows, kv_heads, dim)
     keys, values = cache[:kv_heads], cache[kv_heads:]
+    assert torch.allclose(keys[:, start : start + rows], k.transpose(0, 1), atol=1e-5)
+    assert torch.equal(values[:, start : start + rows], qkv[:, heads + kv_heads :].transpose(0, 1))
     for r in (0, 17, 39):
         for h in (0, 5):
             n = start + r + 1
@@ -140,8 +149,44 @@ def test_attention_is_softmax_attention_and_each_row_alone(dim):
             probs = torch.softmax(q[r, h] @ keys[kv, :n].t(), dim=-1)
             assert torch.allclose(got[r, h], probs @ values[kv, :n], atol=1e-5)
     for first, rows in ((0, 1), (5, 3), (20, 20)):
-        alone = NATIVE.attention(q[first : first + rows], cache, start + first)
+        alone = NATIVE.attention(
+            qkv[first : first + rows], rotary[first : first + rows], cache, start + first
+        )
         assert torch.equal(alone, got[first : first + rows]), rows
+
+
+def test_swiglu_is_silu_of_gate_times_up_each_row_alone():
+    torch.manual_seed(0)
+    gate_up = torch.randn(9, 2 * 100) * 4
+    got = NATIVE.swiglu(gate_up)
+    gate, up = gate_up.split(100, dim=1)
+    assert torch.allclose(got, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    for first, rows in ((0, 1), (4, 5)):
+        assert torch.equal(NATIVE.swiglu(gate_up[first : first + rows]), got[first : first + rows])
+
+
+def test_top_is_torchs_topk_with_ties_to_the_lower_index():
+    torch.manual_seed(0)
+    x = torch.randn(5, 3000)
+    x[1, 100:400] = 7.0  # ties across the cut
+    x[2] = float("-inf")  # a row with no allowed token
+    x[2, 17] = 1.0
+    x[3, ::2] = float("-inf")
+    got = NATIVE.top(x, 129)
+    want = x.topk(129, dim=-1)
+    assert torch.equal(got.values, want.values)
+    assert torch.equal(got.indices[[0, 3, 4]], want.indices[[0, 3, 4]])
+    assert got.indices[1, :129].tolist() == list(range(100, 229))
+    assert got.indices[2].tolist() == [17, *(i for i in range(129) if i != 17)]
+    assert torch.equal(NATIVE.top(x[4:], 129).indices, got.indices[4:])
+
+
+def test_a_products_residual_is_added_in_the_same_call():
+    rng = np.random.default_rng(3)
+    w, _ = weight(QType.Q4_K, rng, 64)
+    linear = NativeLinear(NATIVE, [w])
+    x, residual = torch.randn(3, IN), torch.randn(3, 64)
+    assert torch.equal(linear(x, residual), residual + linear(x))
 
 
 @pytest.mark.parametrize(

@@ -361,12 +361,12 @@ class LlamaForward:
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self._rotations(end)[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
-        rotary = torch.cat([rotary, self.unrotated.expand(rows, -1, -1)], dim=1)  # and v's heads
-        span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
-        mask = torch.full((rows, span), float("-inf")).triu_(start + 1)  # row i sees keys up to start + i
-        for index, layer in enumerate(self.layers):
-            h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
-            h = h + self._feed_forward(layer, h)
+        if self.native is not None:
+            for index, layer in enumerate(self.layers):
+                h = self._native_attention(index, layer, h, rotary, cache, start)
+                h = self._native_feed_forward(layer, h)
+        else:
+            h = self._torch_layers(h, rotary, cache, start, end)
         cache.length = end
         normed = self._rms_norm(h, self.norm)
         cache.hidden[start:end] = normed
@@ -375,6 +375,21 @@ class LlamaForward:
             del h, normed
             trim_heap()  # the pass's activations, back to the OS (``decoding/memory.py``)
         return logits
+
+    def _torch_layers(
+        self, h: torch.Tensor, rotary: torch.Tensor, cache: KVCache, start: int, end: int
+    ) -> torch.Tensor:
+        """The layers on torch's ops: v's heads rotated by ones beside q's and k's, and a mask
+        over whole key blocks."""
+        rotary = torch.cat([rotary, self.unrotated.expand(h.shape[0], -1, -1)], dim=1)
+        span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
+        mask = torch.full((h.shape[0], span), float("-inf")).triu_(
+            start + 1
+        )  # row i sees keys up to start + i
+        for index, layer in enumerate(self.layers):
+            h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
+            h = h + self._feed_forward(layer, h)
+        return h
 
     def _rms_norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The model's RMS norm of each row of ``h``: the native kernels' where the products run
@@ -408,9 +423,6 @@ class LlamaForward:
         qkv = torch.view_as_real(qkv).view(rows, all_heads, s.head_dim)  # q and k rotated, v as is
         kv = cache.layer(index)
         kv[:, start:end] = qkv[:, s.heads :].transpose(0, 1)
-        if self.native is not None:
-            attended = self.native.attention(qkv[:, : s.heads], kv, start)
-            return layer.out(attended.view(rows, s.attention_dim))
         span = mask.shape[1]
         keys, values = kv[: s.kv_heads, :span], kv[s.kv_heads :, :span]
         # Query heads sharing a kv head are stacked as rows: (kv_heads, group * rows, head_dim).
@@ -424,6 +436,22 @@ class LlamaForward:
         attended = self._weighted_values(torch.softmax(scores, dim=-1), values)[:, : s.group * rows]
         merged = attended.view(s.kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
         return layer.out(merged.reshape(rows, s.attention_dim))
+
+    def _native_attention(
+        self, index: int, layer: LlamaLayer, h: torch.Tensor, rotary: torch.Tensor, cache: KVCache, start: int
+    ) -> torch.Tensor:
+        """``h`` plus its attention, on the native kernels: rotation, the cache's new keys and
+        values, and the attention in one call, the residual summed in the output's product."""
+        assert self.native is not None
+        qkv = projected_heads(layer, self.shape, self._rms_norm(h, layer.attn_norm))
+        attended = self.native.attention(qkv, rotary, cache.layer(index), start)
+        return plus_product(layer.out, attended.view(h.shape[0], self.shape.attention_dim), h)
+
+    def _native_feed_forward(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
+        """``h`` plus its feed-forward, on the native kernels (one call for the SwiGLU)."""
+        assert self.native is not None
+        gate_up = layer.gate_up(self._rms_norm(h, layer.ffn_norm))
+        return plus_product(layer.down, self.native.swiglu(gate_up), h)
 
     @staticmethod
     def _weighted_values(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -441,6 +469,14 @@ class LlamaForward:
         s = self.shape
         gate, up = layer.gate_up(self._rms_norm(h, layer.ffn_norm)).split(s.ffn, dim=-1)
         return layer.down(F.silu(gate) * up)
+
+
+def plus_product(linear: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + linear(x)``: in the product's own call where it runs on the native kernels
+    (each element the same sum, one op fewer)."""
+    if isinstance(linear, NativeLinear) and linear.order is None:
+        return linear(x, residual)
+    return residual + linear(x)
 
 
 def projected_heads(layer: LlamaLayer, shape: LlamaShape, normed: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,29 +54,20 @@ class Kernels:
         lib.lsq_matmul.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_matmul_reference.argtypes = lib.lsq_matmul.argtypes
         many = [_INT, _POINTER, _POINTER, _POINTER]  # count, types, addresses, rows of each
-        lib.lsq_matmul_many.argtypes = many + [_I64, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_matmul_many.argtypes = many + [_I64, _POINTER, _I64, _POINTER, _I64, _POINTER, _POINTER]
         lib.lsq_rms_norm.argtypes = [_POINTER, _POINTER, _I64, _I64, ctypes.c_float, _POINTER]
         lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
-        lib.lsq_attention.argtypes = [
-            _POINTER,
-            _POINTER,
-            _POINTER,
-            _I64,
-            _I64,
-            _I64,
-            _INT,
-            _INT,
-            _INT,
-            _POINTER,
-            _POINTER,
-        ]
+        lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
+        lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
+        lib.lsq_top.argtypes = [_POINTER, _I64, _I64, _I64, _POINTER, _POINTER]
         lib.lsq_init(threads)
         self.lib, self.path, self.threads = lib, path, lib.lsq_threads()
         # Kept between products (the library runs one at a time): a decode step makes hundreds of
         # small ones, where these lookups and allocations cost as much as a product's own work.
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._activation_bytes: dict[tuple[int, int], int] = {}
+        self._scores = torch.empty(0)  # attention's, a row of keys for each thread
 
     def supports(self, kind: int) -> bool:
         return bool(self.lib.lsq_supports(int(kind)))
@@ -95,9 +87,12 @@ class Kernels:
         faster kernels must equal bit for bit)."""
         self.product(int(kind), blocks.ctypes.data, len(blocks), x, out, column, reference)
 
-    def products(self, group: WeightGroup, x: torch.Tensor, out: torch.Tensor) -> None:
+    def products(
+        self, group: WeightGroup, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> None:
         """``out = x @ W.T`` for W the ``group``'s weights side by side, in one call (``x`` quantized
-        once for weights of one activation type): each output as ``product``'s."""
+        once for weights of one activation type): each output as ``product``'s, plus
+        ``residual``'s element where given (out's shape, contiguous)."""
         rows, n_in = x.shape
         for kind in group.distinct_kinds:
             self._reserve_scratch(kind, rows, n_in)
@@ -112,6 +107,7 @@ class Kernels:
             out.data_ptr(),
             out.shape[1],
             self._scratch.data_ptr(),
+            None if residual is None else residual.data_ptr(),
         )
         if done != 0:
             raise RuntimeError(f"native products of types {list(group.kinds)} failed ({done})")
@@ -156,17 +152,24 @@ class Kernels:
         if done != 0:
             raise RuntimeError(f"native product of type {kind} failed ({done})")
 
-    def attention(self, q: torch.Tensor, cache: torch.Tensor, start: int) -> torch.Tensor:
-        """Attention of ``q`` (rows, heads, dim) fp32, rotated and scaled, at positions ``start``..,
-        over a layer's ``cache`` (2 kv_heads, capacity, dim: keys, then values), each row
-        attending to the keys up to its own position; (rows, heads, dim)."""
-        rows, heads, dim = q.shape
+    def attention(
+        self, qkv: torch.Tensor, rotary: torch.Tensor, cache: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """A layer's attention for the rows of ``qkv`` (rows, heads + 2 kv_heads, dim) fp32, the
+        projected heads at positions ``start``..: q and k heads times their ``rotary`` factors
+        (rows, heads + kv_heads, dim / 2) complex, the query heads' scale in them; k and v written
+        to the layer's ``cache`` (2 kv_heads, capacity, dim: keys, then values); each row
+        attending to the keys up to its own position. (rows, heads, dim)."""
+        rows, all_heads, dim = qkv.shape
         kv_heads, capacity = cache.shape[0] // 2, cache.shape[1]
-        q = q.contiguous()
-        out = torch.empty_like(q)
-        scratch = torch.empty(self.threads, capacity)
+        heads = all_heads - 2 * kv_heads
+        qkv, rotary = qkv.contiguous(), torch.view_as_real(rotary.contiguous())
+        out, q = torch.empty(rows, heads, dim), torch.empty(rows, heads, dim)
+        if self._scores.numel() < self.threads * capacity:
+            self._scores = torch.empty(self.threads * capacity)
         done = self.lib.lsq_attention(
-            q.data_ptr(),
+            qkv.data_ptr(),
+            rotary.data_ptr(),
             cache.data_ptr(),
             cache[kv_heads:].data_ptr(),
             capacity,
@@ -176,11 +179,30 @@ class Kernels:
             kv_heads,
             dim,
             out.data_ptr(),
-            scratch.data_ptr(),
+            q.data_ptr(),
+            self._scores.data_ptr(),
         )
         if done != 0:
             raise RuntimeError(f"native attention failed ({done})")
         return out
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for ``gate_up`` (rows, 2 ffn), each row's gate then its up; fp32."""
+        gate_up = gate_up.float().contiguous()
+        rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, ffn)
+        self.lib.lsq_swiglu(gate_up.data_ptr(), rows, ffn, out.data_ptr())
+        return out
+
+    def top(self, x: torch.Tensor, k: int) -> Any:
+        """Each row of ``x`` (rows, n) fp32's ``k`` highest values and their indices, highest
+        first, equal values by lower index: as ``torch.topk`` returns them."""
+        x = x.contiguous()
+        rows, n = x.shape
+        values, indices = torch.empty(rows, k), torch.empty(rows, k, dtype=torch.int64)
+        if self.lib.lsq_top(x.data_ptr(), rows, n, k, values.data_ptr(), indices.data_ptr()) != 0:
+            raise ValueError(f"no top {k} of {n} values")
+        return torch.return_types.topk((values, indices))
 
     def rows(self, kind: int, blocks: np.ndarray, ids: torch.Tensor, width: int) -> torch.Tensor:
         """Rows ``ids`` of the weight ``blocks``, dequantized to fp32: (*ids.shape, width)."""
@@ -327,10 +349,14 @@ class NativeLinear(torch.nn.Module):
         self.out_features = sum(w.out_features for w in self.weights)
         self.group = WeightGroup(self.weights)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T``, plus ``residual`` (rows, out) where given, in the same call."""
         x = x.float().contiguous()
         out = torch.empty(x.shape[0], self.out_features)
-        self.kernels.products(self.group, x, out)
+        if residual is not None:
+            assert self.order is None  # the sum is of the product's own columns
+            residual = residual.contiguous()
+        self.kernels.products(self.group, x, out, residual)
         return out if self.order is None else out[:, self.order]
 
     # Called as a function, without ``Module.__call__``'s hook handling: a decode step makes
@@ -372,6 +398,9 @@ class NativeOutputLayer(CertifiedOutputLayer):
 
     def _approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.linear(x), x
+
+    def _top(self, ranking: torch.Tensor, k: int) -> Any:
+        return self.kernels.top(ranking, k)
 
     def _slack(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, 1): the bound per unit of a row's norm."""

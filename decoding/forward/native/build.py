@@ -65,8 +65,8 @@ class NativeBuildError(RuntimeError):
 def source_digest(variant: str = "native") -> str:
     """What a cached build was made from: the shim's source, its build file and the options."""
     digest = hashlib.sha256()
-    for name in ("lsqmm.c", "krows.c", "kpairs.c", "krows.h", "kblocks.h", "CMakeLists.txt"):
-        digest.update((HERE / name).read_bytes())
+    for path in [*sorted(HERE.glob("*.[ch]")), HERE / "CMakeLists.txt"]:
+        digest.update(path.read_bytes())
     digest.update(" ".join(CMAKE_OPTIONS + VARIANTS.get(variant, [])).encode())
     return digest.hexdigest()[:12]
 

@@ -274,12 +274,14 @@ static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const fl
 // Several weights side by side (q, k and v; gate and up) in one call: weight i's n_outs[i] rows
 // of types[i] at ws[i] fill y's next n_outs[i] columns. x is quantized once for weights whose
 // activation type is the one before's (scratch as for matmul). Each output is the same as
-// lsq_matmul's for its weight alone.
+// lsq_matmul's for its weight alone, plus residual's element where residual is not NULL (rows,
+// ldy: a layer's input, which its output adds to).
 int lsq_matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
-                    const float *x, int64_t rows, float *y, int64_t ldy, void *scratch) {
+                    const float *x, int64_t rows, float *y, int64_t ldy, void *scratch, const float *residual) {
     if (!pool.ready) return -1;
     int quantized_for = -1;
     const char *xq = NULL;
+    float *first = y;
     for (int i = 0; i < count; i++) {
         const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) types[i]);
         if (!traits->vec_dot) return -1;
@@ -290,6 +292,11 @@ int lsq_matmul_many(int count, const int *types, const void *const *ws, const in
         }
         product(types[i], ws[i], n_outs[i], n_in, xq, rows, y, ldy, 0);
         y += n_outs[i];
+    }
+    if (residual) {
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t c = 0; c < y - first; c++) first[r * ldy + c] += residual[r * ldy + c];
+        }
     }
     return 0;
 }
@@ -383,9 +390,10 @@ int lsq_activation_error(int type, const float *x, int64_t n, int64_t rows, floa
 
 // Attention for `rows` query rows at positions start, start+1, ...: row r attends to keys
 // 0..start+r. q: (rows, heads, dim) fp32, rotated and scaled; keys, values: (kv_heads, capacity,
-// dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed alone, its
-// sums in the order of the keys, so a row comes out the same in any pass: batch-invariant by
-// construction. Heads sharing a kv head (grouped queries) read the same keys.
+// dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed alone, each
+// score and each output value summed in an order fixed by dim and the row's own key count, so a
+// row comes out the same in any pass: batch-invariant by construction. Heads sharing a kv head
+// (grouped queries) read the same keys.
 struct attention_s {
     const float *q, *keys, *values;
     float *out;
@@ -396,11 +404,44 @@ struct attention_s {
     float *scratch;  // (threads, capacity) scores
 };
 
-// ggml-cpu's vectorized dot product and exponentials (vec.h), compiled for this build's ISA: each
-// sums in an order fixed by the length alone, so a row's attention is the same in any pass.
-extern void ggml_vec_dot_f32(int n, float *s, size_t bs, const float *x, size_t bx, const float *y,
-                             size_t by, int nrc);
+// ggml-cpu's vectorized exponentials (vec.h), compiled for this build's ISA: its sum runs in an
+// order fixed by the length alone.
 extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float max);
+
+// Eight floats as one vector: GCC and Clang lower these to the widest registers the build's ISA
+// has (an AVX register, two SSE or NEON ones), without intrinsics for each.
+typedef float lsq_v8 __attribute__((vector_size(32), aligned(4)));
+#define KEYS_AT_ONCE 4
+
+// The lanes of v summed in a fixed tree.
+static inline float lanes_sum(lsq_v8 v) {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+// scores[j] = q . keys[j] for j < n. Each score is summed alike: eight lanes over dim / 8 chunks,
+// the lanes in a fixed tree, the dim % 8 tail after; four keys at a time only so that their
+// sums overlap in the pipeline (ggml's vec_dot per key spent most of its time on its call and
+// its reduction, at the head sizes of small models).
+static void key_scores(const float *q, const float *keys, int64_t n, int dim, float *scores) {
+    const int chunks = dim / 8;
+    int64_t j = 0;
+    for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
+        lsq_v8 acc[KEYS_AT_ONCE] = {0};
+        for (int c = 0; c < chunks; c++) {
+            const lsq_v8 qc = *(const lsq_v8 *) (q + 8 * c);
+            for (int k = 0; k < KEYS_AT_ONCE; k++) acc[k] += qc * *(const lsq_v8 *) (keys + (j + k) * dim + 8 * c);
+        }
+        for (int k = 0; k < KEYS_AT_ONCE; k++) scores[j + k] = lanes_sum(acc[k]);
+    }
+    for (; j < n; j++) {
+        lsq_v8 acc = {0};
+        for (int c = 0; c < chunks; c++) acc += *(const lsq_v8 *) (q + 8 * c) * *(const lsq_v8 *) (keys + j * dim + 8 * c);
+        scores[j] = lanes_sum(acc);
+    }
+    for (int d = 8 * chunks; d < dim; d++) {
+        for (int64_t i = 0; i < n; i++) scores[i] += q[d] * keys[i * dim + d];
+    }
+}
 
 static void attend_one(attention_t *a, int64_t item, float *scores) {
     int64_t r = item / a->heads;
@@ -411,11 +452,9 @@ static void attend_one(attention_t *a, int64_t item, float *scores) {
     const float *q = a->q + (r * a->heads + h) * dim;
     const float *keys = a->keys + (int64_t) kv * a->capacity * dim;
     const float *values = a->values + (int64_t) kv * a->capacity * dim;
+    key_scores(q, keys, n, dim, scores);
     float best = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        ggml_vec_dot_f32(dim, scores + j, 0, q, 0, keys + j * dim, 0, 1);
-        if (scores[j] > best) best = scores[j];
-    }
+    for (int64_t j = 0; j < n; j++) best = scores[j] > best ? scores[j] : best;
     const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, best));
     float *restrict out = a->out + (r * a->heads + h) * dim;
     for (int d = 0; d < dim; d++) out[d] = 0.0f;
@@ -437,12 +476,42 @@ static void run_attention(attention_t *a, int slot) {
     }
 }
 
-// Run the attention of a pass (see attend_one); scratch holds threads * capacity floats.
-int lsq_attention(const float *q, const float *keys, const float *values, int64_t capacity, int64_t rows,
-                  int64_t start, int heads, int kv_heads, int dim, float *out, float *scratch) {
-    if (!pool.ready || kv_heads < 1 || heads % kv_heads) return -1;
+// x (pairs of floats, as complex numbers) times the complex factors f, into y.
+static void rotate(const float *x, const float *f, int pairs, float *y) {
+    for (int i = 0; i < pairs; i++) {
+        const float a = x[2 * i], b = x[2 * i + 1], c = f[2 * i], d = f[2 * i + 1];
+        y[2 * i] = a * c - b * d;
+        y[2 * i + 1] = a * d + b * c;
+    }
+}
+
+// A pass's projected heads qkv (rows, heads + 2 kv_heads, dim), q and k not yet rotated: each q
+// and k head times its row's rotary factors (rotary: rows, heads + kv_heads, dim / 2 complex,
+// the query heads' scale in theirs) into q (rows, heads, dim) and the cache's keys at positions
+// start.., v copied to the cache's values as is. Each value is its own element's alone.
+static void rotate_into_cache(const float *qkv, const float *rotary, float *keys, float *values,
+                              int64_t capacity, int64_t rows, int64_t start, int heads, int kv_heads, int dim,
+                              float *q) {
+    const int all = heads + 2 * kv_heads, rotated = heads + kv_heads;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = qkv + r * all * dim, *factors = rotary + r * rotated * dim;
+        for (int h = 0; h < heads; h++) rotate(row + h * dim, factors + h * dim, dim / 2, q + (r * heads + h) * dim);
+        for (int h = 0; h < kv_heads; h++) {
+            float *key = keys + ((int64_t) h * capacity + start + r) * dim;
+            rotate(row + (heads + h) * dim, factors + (heads + h) * dim, dim / 2, key);
+            memcpy(values + ((int64_t) h * capacity + start + r) * dim, row + (rotated + h) * dim, dim * sizeof(float));
+        }
+    }
+}
+
+// A layer's attention for a pass (see attend_one), from its projected heads (see
+// rotate_into_cache); q_scratch holds rows * heads * dim floats, scratch threads * capacity.
+int lsq_attention(const float *qkv, const float *rotary, float *keys, float *values, int64_t capacity, int64_t rows,
+                  int64_t start, int heads, int kv_heads, int dim, float *out, float *q_scratch, float *scratch) {
+    if (!pool.ready || kv_heads < 1 || heads % kv_heads || dim % 2 || start + rows > capacity) return -1;
+    rotate_into_cache(qkv, rotary, keys, values, capacity, rows, start, heads, kv_heads, dim, q_scratch);
     attention_t *a = &attention_job;
-    a->q = q;
+    a->q = q_scratch;
     a->keys = keys;
     a->values = values;
     a->out = out;

@@ -170,6 +170,10 @@ class CertifiedOutputLayer(torch.nn.Module):
         """(len(rows), out): the same per token, for rows ``rows`` only."""
         raise NotImplementedError
 
+    def _top(self, ranking: torch.Tensor, k: int) -> Any:
+        """Each row's ``k`` highest logits and their ids, highest first (``torch.topk``'s result)."""
+        return ranking.topk(k, dim=-1)
+
     def _exact(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Exact fp32 logits of tokens ``ids`` (rows, n) for the rows of ``x``."""
         return (self.rows(ids) * x.unsqueeze(1)).sum(-1)
@@ -186,7 +190,7 @@ class CertifiedOutputLayer(torch.nn.Module):
         logits, state = self._approximate(x)
         rankings = [logits] if allowed is None else [logits, _restricted(logits, allowed)]
         count = min(self.CANDIDATES, self.out_features)
-        ranked = [ranking.topk(min(count + 1, self.out_features), dim=-1) for ranking in rankings]
+        ranked = [self._top(ranking, min(count + 1, self.out_features)) for ranking in rankings]
         top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
         exact = self._exact(top, x)
         unsure = self._unsure(ranked, exact, self._loose_bound(x, state)) if greedy_only else top[:0, 0]
