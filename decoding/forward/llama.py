@@ -383,9 +383,8 @@ class LlamaForward:
         over whole key blocks."""
         rotary = torch.cat([rotary, self.unrotated.expand(h.shape[0], -1, -1)], dim=1)
         span = -(-end // KEY_BLOCK) * KEY_BLOCK  # keys read, in whole blocks
-        mask = torch.full((h.shape[0], span), float("-inf")).triu_(
-            start + 1
-        )  # row i sees keys up to start + i
+        # Row i sees keys up to start + i.
+        mask = torch.full((h.shape[0], span), float("-inf")).triu_(start + 1)
         for index, layer in enumerate(self.layers):
             h = h + self._attention(index, layer, h, rotary, mask, cache, start, end)
             h = h + self._feed_forward(layer, h)
