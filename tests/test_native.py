@@ -88,13 +88,16 @@ def test_every_output_is_written_whatever_the_threads_shares(out):
     """The threads split a weight's rows into contiguous shares of 16-row chunks, then help with
     what is left of the others': any row count (one chunk, a partial last one, shares of unequal
     length) comes out whole, into an output whose unwritten values would be NaN."""
-    w, dense = weight(QType.Q4_K, np.random.default_rng(out), out)
-    x = torch.randn(3, IN)
+    rng = np.random.default_rng(out)
+    w, dense = weight(QType.Q4_K, rng, out)
+    x = torch.from_numpy(rng.standard_normal((3, IN), dtype=np.float32))
     got = torch.full((3, out + 2), float("nan"))
     NATIVE.matmul(w.kind, w.blocks, x, got, 1)
-    want = x @ torch.from_numpy(dense).t()
+    weights = torch.from_numpy(dense)
+    want = x @ weights.t()
     assert got[:, 0].isnan().all() and got[:, -1].isnan().all()  # nothing outside its columns
-    assert ((got[:, 1:-1] - want).abs() <= 0.02 * want.abs().max()).all()
+    scale = x.norm(dim=1)[:, None] * weights.norm(dim=1)[None]  # |x||w|: the activations' rounding
+    assert ((got[:, 1:-1] - want).abs() <= 0.02 * scale).all()
 
 
 def test_weights_side_by_side_fill_one_output():
@@ -187,6 +190,40 @@ def test_a_products_residual_is_added_in_the_same_call():
     linear = NativeLinear(NATIVE, [w])
     x, residual = torch.randn(3, IN), torch.randn(3, 64)
     assert torch.equal(linear(x, residual), residual + linear(x))
+
+
+@pytest.mark.parametrize(
+    "arch,kind",
+    [("qwen2", QType.Q8_0), ("llama", QType.Q4_0), ("qwen3", QType.F16)],
+    ids=["qwen2", "llama", "qwen3"],
+)
+def test_every_layer_in_one_call_is_bit_for_bit_the_calls_one_by_one(arch, kind, tmp_path, monkeypatch):
+    """``NativeLayers`` (shipped) against the per-call path over the same file, for a prefill,
+    steps and a verification pass: the same logits and the same cache, bit for bit. Qwen2's q
+    and k come in rotate-half order with biases; Qwen3's head norms keep it on the calls."""
+    from decoding.forward.llama import from_gguf
+    from decoding.forward.native import kernels
+    from tests.test_architectures import tiny, write_gguf
+
+    monkeypatch.setenv("LSP_NATIVE", "1")
+    kernels.cache_clear()
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(tiny(arch, seed=5), arch, path, kind)
+    shipped, calls = from_gguf(str(path)), from_gguf(str(path))
+    assert (shipped.native_layers is None) == (arch == "qwen3")
+    calls.native_layers = None
+    tokens = torch.randint(0, shipped.vocab_size, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    results = []
+    for forward in (shipped, calls):
+        cache = forward.new_cache()
+        logits = [forward(tokens[:30], cache), forward(tokens[30:31], cache), forward(tokens[31:35], cache)]
+        cache.crop(-2)
+        logits.append(forward(tokens[35:40], cache))
+        results.append((logits, cache.kv[:, :, : cache.length].clone()))
+    (got, got_kv), (want, want_kv) = results
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(got_kv, want_kv)
+    kernels.cache_clear()
 
 
 @pytest.mark.parametrize(

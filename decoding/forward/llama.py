@@ -38,6 +38,7 @@ from gguf import GGMLQuantizationType, quants
 
 from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
 from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
+from decoding.forward.native.layers import NativeLayers
 from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.forward.quant.layers import (
     INT4_N_MULTIPLE,
@@ -305,6 +306,9 @@ class LlamaForward:
         # on its own); else torch's products, padded to the rows this CPU needs
         # (``attention_row_floor``).
         self.native = native
+        # All layers in one native call where they allow it (``NativeLayers.covers``).
+        covered = native is not None and NativeLayers.covers(layers)
+        self.native_layers = NativeLayers(native, layers, shape) if covered else None
         self.min_attention_rows = 1 if self.native else attention_row_floor(shape.kv_heads, shape.head_dim)
 
     @property
@@ -361,7 +365,9 @@ class LlamaForward:
         cache.reserve(rows)
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self._rotations(end)[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
-        if self.native is not None:
+        if self.native_layers is not None:
+            h = self.native_layers(h, rotary, cache, start)
+        elif self.native is not None:
             for index, layer in enumerate(self.layers):
                 h = self._native_attention(index, layer, h, rotary, cache, start)
                 h = self._native_feed_forward(layer, h)

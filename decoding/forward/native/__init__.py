@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from decoding.forward.native.build import built_library
-from decoding.forward.quant.layers import CertifiedOutputLayer
+from decoding.forward.quant.layers import CertifiedOutputLayer, best_allowed
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,11 @@ class Kernels:
         lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
         lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
         lib.lsq_top.argtypes = [_POINTER, _I64, _I64, _I64, _POINTER, _POINTER]
+        lib.lsq_contenders.restype = _I64
+        lib.lsq_contenders.argtypes = [_POINTER, _POINTER, ctypes.c_float, ctypes.c_float, _I64, _POINTER]
+        lib.lsq_layers_work.restype, lib.lsq_layers_work.argtypes = _I64, [_POINTER, _I64]
+        lib.lsq_layers.argtypes = [_POINTER, _INT, _POINTER, _POINTER, _I64, _I64, _POINTER, _POINTER, _I64]
+        lib.lsq_layers.argtypes += [_POINTER] * 3
         lib.lsq_init(threads)
         self.lib, self.path, self.threads = lib, path, lib.lsq_threads()
         # Kept between products (the library runs one at a time): a decode step makes hundreds of
@@ -68,6 +73,7 @@ class Kernels:
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._activation_bytes: dict[tuple[int, int], int] = {}
         self._scores = torch.empty(0)  # attention's, a row of keys for each thread
+        self._ids = torch.empty(0, dtype=torch.int64)  # contenders'
 
     def supports(self, kind: int) -> bool:
         return bool(self.lib.lsq_supports(int(kind)))
@@ -122,14 +128,7 @@ class Kernels:
 
     def _reserve_scratch(self, kind: int, rows: int, n_in: int) -> None:
         """Room in the scratch for ``rows`` activation rows quantized for ``kind``'s products."""
-        key = (kind, n_in)
-        row_bytes = self._activation_bytes.get(key)
-        if row_bytes is None:
-            row_bytes = self._activation_bytes[key] = self.lib.lsq_row_bytes(
-                self.lib.lsq_vec_dot_type(kind), n_in
-            )
-        if self._scratch.numel() < rows * row_bytes:
-            self._scratch = torch.empty(rows * row_bytes, dtype=torch.uint8)
+        self.scratch(rows * self.activation_row_bytes(kind, n_in))
 
     def product(
         self,
@@ -165,8 +164,7 @@ class Kernels:
         heads = all_heads - 2 * kv_heads
         qkv, rotary = qkv.contiguous(), torch.view_as_real(rotary.contiguous())
         out, q = torch.empty(rows, heads, dim), torch.empty(rows, heads, dim)
-        if self._scores.numel() < self.threads * capacity:
-            self._scores = torch.empty(self.threads * capacity)
+        scores = self.scores(capacity)
         done = self.lib.lsq_attention(
             qkv.data_ptr(),
             rotary.data_ptr(),
@@ -180,7 +178,7 @@ class Kernels:
             dim,
             out.data_ptr(),
             q.data_ptr(),
-            self._scores.data_ptr(),
+            scores.data_ptr(),
         )
         if done != 0:
             raise RuntimeError(f"native attention failed ({done})")
@@ -203,6 +201,37 @@ class Kernels:
         if self.lib.lsq_top(x.data_ptr(), rows, n, k, values.data_ptr(), indices.data_ptr()) != 0:
             raise ValueError(f"no top {k} of {n} values")
         return torch.return_types.topk((values, indices))
+
+    def scores(self, capacity: int) -> torch.Tensor:
+        """Attention's scratch: a row of ``capacity`` keys for each thread."""
+        if self._scores.numel() < self.threads * capacity:
+            self._scores = torch.empty(self.threads * capacity)
+        return self._scores
+
+    def scratch(self, row_bytes: int) -> torch.Tensor:
+        """The products' scratch, ``row_bytes`` long at least."""
+        if self._scratch.numel() < row_bytes:
+            self._scratch = torch.empty(row_bytes, dtype=torch.uint8)
+        return self._scratch
+
+    def activation_row_bytes(self, kind: int, n_in: int) -> int:
+        """Bytes of one activation row of ``n_in`` values quantized for ``kind``'s products."""
+        key = (kind, n_in)
+        if key not in self._activation_bytes:
+            self._activation_bytes[key] = self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(kind), n_in)
+        return self._activation_bytes[key]
+
+    def contenders(self, row: torch.Tensor, norms: torch.Tensor, slack: float, best: float) -> torch.Tensor:
+        """The ids of ``row``'s tokens (fp32 contiguous) whose logit plus its bound (``norms``
+        times ``slack``, plus 1e-6) reaches ``best`` and is above -inf, in order."""
+        n = row.shape[0]
+        if self._ids.numel() < n:
+            self._ids = torch.empty(n, dtype=torch.int64)
+        row = row.contiguous()
+        count = self.lib.lsq_contenders(
+            row.data_ptr(), norms.data_ptr(), slack, best, n, self._ids.data_ptr()
+        )
+        return self._ids[:count].clone()
 
     def rows(self, kind: int, blocks: np.ndarray, ids: torch.Tensor, width: int) -> torch.Tensor:
         """Rows ``ids`` of the weight ``blocks``, dequantized to fp32: (*ids.shape, width)."""
@@ -397,7 +426,8 @@ class NativeOutputLayer(CertifiedOutputLayer):
         return self.kernels.rows(self.weight.kind, self.weight.blocks, index, self.in_features)
 
     def _approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.linear(x), x
+        """The logits, and each row's slack (``_slack``: both bounds need it)."""
+        return self.linear(x), self._slack(x)
 
     def _top(self, ranking: torch.Tensor, k: int) -> Any:
         return self.kernels.top(ranking, k)
@@ -410,10 +440,31 @@ class NativeOutputLayer(CertifiedOutputLayer):
         return ((error + sums) * 1.01)[:, None]
 
     def _loose_bound(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return self.norm_max * self._slack(x)[:, 0] + 1e-6
+        return self.norm_max * state[:, 0] + 1e-6
 
-    def _tight_bound(self, x: torch.Tensor, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return self.norms * self._slack(x[rows]) + 1e-6
+    def _contenders(
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor,
+        rankings: list[torch.Tensor],
+        unsure: torch.Tensor,
+        top: torch.Tensor,
+        exact: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base class's contenders, each token's bound its row's norm times the row's slack,
+        plus 1e-6: one C pass a row and ranking, where torch made a dozen passes over the
+        vocabulary (at every step the loose bound leaves unsure: most steps of a random prompt)."""
+        slack = state[unsure, 0].tolist()
+        bests = [best.tolist() for best in best_allowed(rankings, unsure, top, exact)]
+        rows, ids = [], []
+        for i, row in enumerate(unsure.tolist()):
+            found: set[int] = set()
+            for ranking, best in zip(rankings, bests, strict=True):
+                found.update(self.kernels.contenders(ranking[row], self.norms, slack[i], best[i]).tolist())
+            outside = sorted(found.difference(top[row].tolist()))  # a few dozen ids
+            rows += [row] * len(outside)
+            ids += outside
+        return torch.tensor(rows, dtype=torch.int64), torch.tensor(ids, dtype=torch.int64)
 
     def nbytes(self) -> int:
         return self.linear.nbytes() + self.norms.nbytes

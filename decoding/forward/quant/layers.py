@@ -142,7 +142,7 @@ class CertifiedOutputLayer(torch.nn.Module):
     choice is certified: a token outside the candidates can beat the best one only where its approximate
     logit plus its bound reaches it, and any such token gets its exact logit too. One bound for
     every token of a row (``_loose_bound``) certifies nearly every row for a few reductions; the
-    rest are bounded token by token (``_tight_bound``). Every step is per row, so the layer is
+    rest are bounded token by token (``_contenders``). Every step is per row, so the layer is
     batch-invariant.
     """
 
@@ -167,7 +167,7 @@ class CertifiedOutputLayer(torch.nn.Module):
         raise NotImplementedError
 
     def _tight_bound(self, x: torch.Tensor, state: Any, rows: torch.Tensor) -> torch.Tensor:
-        """(len(rows), out): the same per token, for rows ``rows`` only."""
+        """(len(rows), out): the same per token, for rows ``rows`` only (``_contenders``')."""
         raise NotImplementedError
 
     def _top(self, ranking: torch.Tensor, k: int) -> Any:
@@ -194,15 +194,14 @@ class CertifiedOutputLayer(torch.nn.Module):
         top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
         exact = self._exact(top, x)
         unsure = self._unsure(ranked, exact, self._loose_bound(x, state)) if greedy_only else top[:0, 0]
-        uppers = []
-        if len(unsure):  # bounded token by token, from the approximate logits before they are replaced
-            bound = self._tight_bound(x, state, unsure)
-            uppers = [ranking[unsure] + bound for ranking in rankings]
+        # Found from the approximate logits, before the candidates' are replaced.
+        rows, ids = (
+            self._contenders(x, state, rankings, unsure, top, exact) if len(unsure) else (unsure, unsure)
+        )
         logits.scatter_(1, top, exact)
-        if len(unsure):
-            rows = logits[unsure]
-            self._certify(rows, uppers, top[unsure], x[unsure])
-            logits[unsure] = rows
+        if len(rows):
+            self.repaired += len(rows)
+            logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
         return logits
 
     @staticmethod
@@ -221,21 +220,36 @@ class CertifiedOutputLayer(torch.nn.Module):
             sure &= best >= outside + margin
         return torch.nonzero(~sure).flatten()
 
-    def _certify(
-        self, logits: torch.Tensor, uppers: list[torch.Tensor], top: torch.Tensor, x: torch.Tensor
-    ) -> None:
-        """Exact logits, in place, for every token outside ``top`` whose bound in one of
-        ``uppers`` reaches the best exact candidate under that bound (-inf: tokens it excludes)."""
-        contenders = torch.zeros_like(logits, dtype=torch.bool)
-        for upper in uppers:
-            counted = upper.gather(1, top) > float("-inf")
-            best = logits.gather(1, top).masked_fill(~counted, float("-inf")).amax(1, keepdim=True)
-            contenders |= (upper >= best) & (upper > float("-inf"))
-        contenders.scatter_(1, top, False)
+    def _contenders(
+        self,
+        x: torch.Tensor,
+        state: Any,
+        rankings: list[torch.Tensor],
+        unsure: torch.Tensor,
+        top: torch.Tensor,
+        exact: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, ids): each token outside ``top`` of the ``unsure`` rows whose approximate logit
+        plus its own bound reaches, in one of ``rankings``, the best exact candidate that ranking
+        allows (-inf in a ranking: a token it excludes); in row, then id order."""
+        bound = self._tight_bound(x, state, unsure)
+        contenders = torch.zeros(len(unsure), self.out_features, dtype=torch.bool)
+        for ranking, best in zip(rankings, best_allowed(rankings, unsure, top, exact), strict=True):
+            upper = ranking[unsure] + bound
+            contenders |= (upper >= best[:, None]) & (upper > float("-inf"))
+        contenders.scatter_(1, top[unsure], False)
         rows, ids = torch.nonzero(contenders, as_tuple=True)
-        if len(rows):
-            self.repaired += len(rows)
-            logits[rows, ids] = (self.rows(ids) * x[rows]).sum(-1)
+        return unsure[rows], ids
+
+
+def best_allowed(
+    rankings: list[torch.Tensor], unsure: torch.Tensor, top: torch.Tensor, exact: torch.Tensor
+) -> list[torch.Tensor]:
+    """For each ranking, each ``unsure`` row's best exact logit among its candidates ``top``
+    (``exact`` theirs) that the ranking allows."""
+    candidates, values = top[unsure], exact[unsure]
+    excluded = [ranking[unsure[:, None], candidates] == float("-inf") for ranking in rankings]
+    return [values.masked_fill(mask, float("-inf")).amax(1) for mask in excluded]
 
 
 class QuantizedOutputLayer(CertifiedOutputLayer):
