@@ -366,7 +366,7 @@ class LlamaForward:
         h = self.embed(torch.tensor(list(tokens), dtype=torch.long))
         rotary = self._rotations(end)[start:end, None, :] * self.head_scale  # (rows, heads + kv_heads, half)
         if self.native_layers is not None:
-            h = self.native_layers(h, rotary, cache, start)
+            h = self.native_layers(h, rotary, cache.kv, start)
         elif self.native is not None:
             for index, layer in enumerate(self.layers):
                 h = self._native_attention(index, layer, h, rotary, cache, start)

@@ -12,14 +12,54 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from decoding.forward.native import Kernels, NativeLinear
 
-if TYPE_CHECKING:
-    from decoding.forward.llama import KVCache, LlamaLayer, LlamaShape
+
+class ModelShape(Protocol):
+    """What is read of ``llama.LlamaShape`` (a protocol: ``llama`` imports this module)."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def attention_dim(self) -> int: ...
+    @property
+    def ffn(self) -> int: ...
+    @property
+    def norm_eps(self) -> float: ...
+
+
+class LayerWeights(Protocol):
+    """What is read of ``llama.LlamaLayer``."""
+
+    @property
+    def attn_norm(self) -> torch.Tensor: ...
+    @property
+    def ffn_norm(self) -> torch.Tensor: ...
+    @property
+    def qkv(self) -> torch.nn.Module: ...
+    @property
+    def out(self) -> torch.nn.Module: ...
+    @property
+    def gate_up(self) -> torch.nn.Module: ...
+    @property
+    def down(self) -> torch.nn.Module: ...
+    @property
+    def qkv_bias(self) -> torch.Tensor | None: ...
+    @property
+    def q_norm(self) -> torch.Tensor | None: ...
+    @property
+    def k_norm(self) -> torch.Tensor | None: ...
+
 
 KEPT_ROWS = 16  # passes of at most this many rows reuse one work buffer
 
@@ -79,22 +119,31 @@ class NativeLayers:
     """A model's layers as ``lsq_layers`` takes them, made once; the tensors whose addresses
     they hold are kept alive here."""
 
-    def __init__(self, kernels: Kernels, layers: Sequence[LlamaLayer], shape: LlamaShape) -> None:
+    def __init__(self, kernels: Kernels, layers: Sequence[LayerWeights], shape: ModelShape) -> None:
         self.kernels, self.shape = kernels, shape
         self.dims = Dims(shape.dim, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn, shape.norm_eps)
         self._kept: list[torch.Tensor] = []
         self.layers = (Layer * len(layers))(*(self._layer(layer) for layer in layers))
-        widths = {"qkv": shape.dim, "out": shape.attention_dim, "gate_up": shape.dim, "down": shape.ffn}
-        self.row_bytes = max(
-            kernels.activation_row_bytes(kind, widths[name])
+        products = [
+            (product, width)
             for layer in layers
-            for name in widths
-            for kind in getattr(layer, name).group.distinct_kinds
+            for product, width in (
+                (layer.qkv, shape.dim),
+                (layer.out, shape.attention_dim),
+                (layer.gate_up, shape.dim),
+                (layer.down, shape.ffn),
+            )
+        ]
+        self.row_bytes = max(
+            kernels.activation_row_bytes(kind, width)
+            for product, width in products
+            if isinstance(product, NativeLinear)
+            for kind in product.group.distinct_kinds
         )
         self._work = torch.empty(0)
 
     @staticmethod
-    def covers(layers: Sequence[LlamaLayer]) -> bool:
+    def covers(layers: Sequence[LayerWeights]) -> bool:
         """Whether every layer's products run on the native kernels, and no head has its own norm."""
         return all(
             all(isinstance(m, NativeLinear) for m in (layer.qkv, layer.out, layer.gate_up, layer.down))
@@ -111,7 +160,7 @@ class NativeLayers:
         self._kept.append(kept)
         return kept.data_ptr()
 
-    def _layer(self, layer: LlamaLayer) -> Layer:
+    def _layer(self, layer: LayerWeights) -> Layer:
         return Layer(
             _group(layer.qkv),
             _group(layer.out),
@@ -132,9 +181,11 @@ class NativeLayers:
             self._work = torch.empty(floats)
         return self._work
 
-    def __call__(self, h: torch.Tensor, rotary: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        """``h`` (rows, dim) through every layer, the pass's keys and values into ``cache`` at
-        ``start``..; ``rotary`` as ``Kernels.attention`` takes it."""
+    def __call__(self, h: torch.Tensor, rotary: torch.Tensor, kv: torch.Tensor, start: int) -> torch.Tensor:
+        """``h`` (rows, dim) through every layer, the pass's keys and values into ``kv`` (a
+        ``KVCache``'s buffer: layers, 2 kv_heads, capacity, head_dim) at ``start``..;
+        ``rotary`` as ``Kernels.attention`` takes it."""
+        capacity = kv.shape[2]
         k, rows = self.kernels, h.shape[0]
         h = h.float().clone(memory_format=torch.contiguous_format)
         factors = torch.view_as_real(rotary.contiguous())
@@ -147,11 +198,11 @@ class NativeLayers:
             rows,
             start,
             factors.data_ptr(),
-            cache.kv.data_ptr(),
-            cache.capacity,
+            kv.data_ptr(),
+            capacity,
             work.data_ptr(),
             k.scratch(rows * self.row_bytes).data_ptr(),
-            k.scores(cache.capacity).data_ptr(),
+            k.scores(capacity).data_ptr(),
         )
         if done != 0:
             raise RuntimeError(f"native layers failed ({done})")
