@@ -6,8 +6,9 @@ process of its own (load time, resident memory with the model warm and the freed
 the server's worker does between requests, a decode step and verify passes over 2, 4 and 8 tokens
 after ``--context`` tokens, a prefill of ``--context`` tokens), and llama-server (2 threads, the
 same file) on the same random prompt: its load time, resident memory, prefill and decode per token
-from its own ``timings``. Backends and the peer alternate round by round; each figure is the median
-over rounds.
+from its own ``timings``. The file is read through once first, so that every load finds it in the
+page cache; backends and the peer take turns in an order reversed round by round; each figure is
+the median over rounds.
 
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
@@ -120,10 +121,21 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def run_peer(path: Path, args: argparse.Namespace, vocab: int) -> dict[str, Any] | None:
+def read_through(path: Path) -> None:
+    """Reads the whole file once: the first load timed would else read it from disk and the
+    others from the page cache."""
+    with path.open("rb") as file:
+        while file.read(1 << 24):
+            pass
+
+
+def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """llama-server on the same file: load, then one prompt of ``context`` random tokens with 32
     tokens to decode (its own timings), cache off."""
     from benchmarks.llama_server import LlamaServer, LlamaServerError, llama_server_binary
+    from decoding.forward.gguf_header import read_header
+
+    vocab = read_header(path).tensors["token_embd.weight"].shape[0]
 
     started = time.perf_counter()
     try:
@@ -206,18 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     for spec in [m.strip() for m in args.models.split(",") if m.strip()]:
         path = model_path(spec)
         runs: dict[str, list[dict[str, Any]]] = {b: [] for b in [*backends, "llama.cpp"]}
+        read_through(path)
         for number in range(args.rounds):
-            for backend in backends if number % 2 == 0 else backends[::-1]:
-                runs[backend].append(run_ours(path, backend, args))
-                print(f"{spec} {backend}: step {runs[backend][-1]['step_ms']:.1f} ms", file=sys.stderr)
-            if not args.no_peer:
-                from decoding.forward.gguf_header import read_header
-
-                vocab = read_header(path).tensors["token_embd.weight"].shape[0]
-                peer = run_peer(path, args, vocab)
-                if peer is not None:
-                    runs["llama.cpp"].append(peer)
-                    print(f"{spec} llama.cpp: step {peer['step_ms']:.1f} ms", file=sys.stderr)
+            order = [*backends, *([] if args.no_peer else ["llama.cpp"])]
+            for backend in order if number % 2 == 0 else order[::-1]:
+                found = run_peer(path, args) if backend == "llama.cpp" else run_ours(path, backend, args)
+                if found is not None:
+                    runs[backend].append(found)
+                    print(f"{spec} {backend}: step {found['step_ms']:.1f} ms", file=sys.stderr)
         results[spec] = {b: r for b, r in runs.items() if r}
     summary = {spec: {b: _median(r) for b, r in runs.items()} for spec, runs in results.items()}
     print(format_table(summary, args))

@@ -226,6 +226,16 @@ def test_every_layer_in_one_call_is_bit_for_bit_the_calls_one_by_one(arch, kind,
     kernels.cache_clear()
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=str)
+def test_each_rows_norm_is_its_dequantized_norm_never_short(kind):
+    """The output layer's bound is a row's norm times the activations' error: the norms
+    (``Kernels.row_norms``, split between threads) are the rows' own, rounded up, for every row."""
+    w, dense = weight(kind, np.random.default_rng(int(kind) + 7), out=257)
+    exact = np.linalg.norm(dense.astype(np.float64), axis=1)
+    norms = NATIVE.row_norms(w.kind, w.blocks, w.width).double().numpy()
+    assert (norms >= exact).all() and (norms <= exact * (1 + 2**-22)).all()
+
+
 @pytest.mark.parametrize(
     "kind", [QType.Q8_0, QType.Q6_K, QType.Q4_K, QType.Q5_K, QType.F16], ids=lambda k: k.name
 )

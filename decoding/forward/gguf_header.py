@@ -17,7 +17,9 @@ start of the data.
 
 from __future__ import annotations
 
+import functools
 import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,7 +144,17 @@ class _Cursor:
 
 def read_header(path: str | Path, strings: bool = False) -> GgufHeader:
     """The header of the GGUF at ``path`` (``strings``: decode arrays of strings too);
-    ``GgufHeaderError`` where it is not one, ``OSError`` where it cannot be read."""
+    ``GgufHeaderError`` where it is not one, ``OSError`` where it cannot be read. The last few
+    are kept, by the file's inode, size and modification time: a load reads the header three times (its
+    cache's key, its config, its tensors), and a 150k-token vocabulary makes each read count. Read
+    it, never change it."""
+    status = os.stat(path)
+    stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
+    return _read_header(str(Path(path).resolve()), stamp, strings)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: str, stamp: tuple[int, int, int], strings: bool) -> GgufHeader:
     with open(path, "rb") as file:
         if not file.seek(0, 2):
             raise GgufHeaderError("an empty file")

@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class Kernels:
         lib.lsq_matmul_many.argtypes = many + [_I64, _POINTER, _I64, _POINTER, _I64, _POINTER, _POINTER]
         lib.lsq_rms_norm.argtypes = [_POINTER, _POINTER, _I64, _I64, ctypes.c_float, _POINTER]
         lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
+        lib.lsq_row_norms.argtypes = [_INT, _POINTER, _I64, _I64, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
         lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
         lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
@@ -246,6 +248,24 @@ class Kernels:
             raise RuntimeError(f"no dequantization for type {kind}")
         return out.view(*ids.shape, width)
 
+    def row_norms(self, kind: int, blocks: np.ndarray, width: int) -> torch.Tensor:
+        """(len(blocks),): each weight row's norm, dequantized as ``rows`` does, rounded up; the
+        rows split between ``threads`` Python threads (the call lets go of the GIL), as a
+        150k-row output layer's norms are a good part of a load."""
+        count = len(blocks)
+        out = torch.empty(count)
+        shares = np.linspace(0, count, self.threads + 1).astype(np.int64)
+
+        def norms(first: int, last: int) -> int:
+            address = out.data_ptr() + first * out.element_size()
+            return self.lib.lsq_row_norms(int(kind), blocks.ctypes.data, width, first, last - first, address)
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            done = list(pool.map(norms, shares[:-1].tolist(), shares[1:].tolist()))
+        if any(done):
+            raise RuntimeError(f"no dequantization for type {kind}")
+        return out
+
     def activation_error(self, kind: int, x: torch.Tensor) -> torch.Tensor | None:
         """(rows,): the norm of each row of ``x`` less itself as the products with ``kind``'s rows
         see it (quantized and dequantized again); None where that cannot be told."""
@@ -403,16 +423,12 @@ class NativeOutputLayer(CertifiedOutputLayer):
     its row's norm times the norm of what quantizing the activations changed (Cauchy-Schwarz),
     plus the kernels' float sums (a relative (n/32 + 8) 2^-22 of |w||x|)."""
 
-    def __init__(self, kernels: Kernels, weight: Weight, chunk: int = 4096) -> None:
+    def __init__(self, kernels: Kernels, weight: Weight) -> None:
         super().__init__()
         self.kernels, self.weight = kernels, weight
         self.linear = NativeLinear(kernels, [weight])
         self.out_features, self.in_features = weight.out_features, weight.width
-        norms = [
-            self.rows(torch.arange(first, min(first + chunk, self.out_features))).norm(dim=1)
-            for first in range(0, self.out_features, chunk)
-        ]
-        self.norms = torch.cat(norms)
+        self.norms = kernels.row_norms(weight.kind, weight.blocks, weight.width)
         self.norm_max = self.norms.max()
 
     @staticmethod

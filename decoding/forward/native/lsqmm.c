@@ -340,6 +340,34 @@ int lsq_rows(int type, const void *w, int64_t n, const int64_t *ids, int64_t cou
     return 0;
 }
 
+// The Euclidean norm of each of rows [first, first + count), dequantized as ``lsq_rows`` does, into
+// out: summed in double and rounded up to float, so that a bound made of it is never short (the
+// output layer's, ``NativeOutputLayer``); no fp32 copy of the rows is made. Callers split the rows
+// between threads of their own (the call holds no shared state).
+int lsq_row_norms(int type, const void *w, int64_t n, int64_t first, int64_t count, float *out) {
+    size_t row_bytes = ggml_row_size((enum ggml_type) type, n);
+    const struct ggml_type_traits *traits = ggml_get_type_traits((enum ggml_type) type);
+    if (type != GGML_TYPE_F32 && !traits->to_float) return -1;
+    float *row = malloc(n * sizeof(float));
+    if (!row) return -2;
+    for (int64_t i = 0; i < count; i++) {
+        const char *src = (const char *) w + (first + i) * row_bytes;
+        if (type == GGML_TYPE_F32) memcpy(row, src, row_bytes);
+        else traits->to_float(src, row, n);
+        double lanes[8] = {0};  // independent sums, so the loop is not one long chain of adds
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            for (int k = 0; k < 8; k++) lanes[k] += (double) row[j + k] * (double) row[j + k];
+        for (; j < n; j++) lanes[0] += (double) row[j] * (double) row[j];
+        double sum = 0.0;
+        for (int k = 0; k < 8; k++) sum += lanes[k];
+        float norm = (float) sqrt(sum);
+        out[i] = (double) norm < sqrt(sum) ? nextafterf(norm, INFINITY) : norm;
+    }
+    free(row);
+    return 0;
+}
+
 // ggml-quants.c's dequantization of Q8_K, which its type table does not list.
 extern void dequantize_row_q8_K(const void *x, float *y, int64_t k);
 
