@@ -390,7 +390,8 @@ class CompletionService:
         ):
             self.idle.warm_up(request.uri, request.settings, request.context, ending)
         else:
-            self.idle.after_answer(request.uri, request.settings, ending if partial else None)
+            asked = (request.context, ending)
+            self.idle.after_answer(request.uri, request.settings, ending if partial else None, asked)
 
     def _key_after(self, request: Request, decoded: Decoded) -> Key | None:
         """The key an identical request will have after this decode: the prompt builder's state

@@ -57,7 +57,7 @@ class Settings:
     multiline: str = "auto"  # auto: a block body where the cursor opens an empty one; never; always
     kv_cache_mb: int = 256  # per-document KV caches kept for reuse across keystrokes; 0: no reuse
     type_ahead: bool = True  # typed-ahead and repeated requests answered without decoding anew
-    prefetch: bool = True  # when idle, decode the line after the one just suggested
+    prefetch: bool = True  # when idle, decode the next line (or renew the prompt's rows: idle.py)
     decoder: str = "speculative"  # "transformers": model.generate() as a peer path, for comparisons
     max_lines: int = 12  # the most lines a multi-line suggestion spans
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."

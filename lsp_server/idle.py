@@ -6,7 +6,9 @@ scheduler's background jobs, which any request pre-empts within one engine step:
 - after an answer, index changed open documents as the n-gram drafter's sources (``DraftSources``)
   and decode ahead on the document's greedy chain: the rest of a block answered early, at once
   (the user is reading its first lines), else the line after the suggestion after a short pause
-  (``prefetch``), so that accepting it and moving on is answered at once;
+  (``prefetch``), so that accepting it and moving on is answered at once; or, where the prompt's
+  rows have little room left (``ContextBuilder.needs_renewal``), choose them again and prefill
+  the new prompt at that pause, which the next line would else make a keystroke do;
 - a decode whose time budget ran out in its prefill goes on (warm-up), and the editors are told to
   ask again when it is done (``on_warmed``): the user who paused gets a suggestion without typing;
 - the workspace index (``workspace.py``) is brought up to date at a longer pause.
@@ -23,6 +25,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pygls.workspace import TextDocument
@@ -30,7 +33,7 @@ from pygls.workspace import TextDocument
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest
 from lsp_server.ending import Ending
-from lsp_server.local.runtime import keeps_chains
+from lsp_server.local.runtime import LocalRuntime, keeps_chains
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
 from lsp_server.scheduler import Scheduler
@@ -91,10 +94,17 @@ class IdleWork:
         """The user accepted ``text``: the n-gram drafter may draft it again."""
         self.sources.accepted(text)
 
-    def after_answer(self, uri: str, settings: Settings, rest: Ending | None = None) -> None:
+    def after_answer(
+        self,
+        uri: str,
+        settings: Settings,
+        rest: Ending | None = None,
+        asked: tuple[ContextRequest, Ending] | None = None,
+    ) -> None:
         """Work ahead after an answer; ``rest``: the ending of a block answered early, whose rest
-        is decoded at once (the user is reading its first lines), not after a pause."""
-        self._plan(uri, self._work_ahead(uri, settings, self._requests_seen, rest))
+        is decoded at once (the user is reading its first lines), not after a pause; ``asked``:
+        the request answered, whose rows may be chosen again at the pause."""
+        self._plan(uri, self._work_ahead(uri, settings, self._requests_seen, rest, asked))
         if self.workspace.pending:  # e.g. the drafter setting changed: a new drafter, no index yet
             self.index_workspace()
 
@@ -131,18 +141,27 @@ class IdleWork:
         self._planned_uri = uri
         self._planned = asyncio.ensure_future(work)
 
-    async def _work_ahead(self, uri: str, settings: Settings, seen: int, rest: Ending | None) -> None:
+    async def _work_ahead(
+        self,
+        uri: str,
+        settings: Settings,
+        seen: int,
+        rest: Ending | None,
+        asked: tuple[ContextRequest, Ending] | None,
+    ) -> None:
         if rest is None:
             await asyncio.sleep(IDLE_BEFORE_BACKGROUND_S)
         if self._requests_seen != seen or not self.host.ready:
             return  # the user typed on: the next answer will bring us back here
         documents = {u: DocumentSnapshot(d.version, d.source) for u, d in self._documents().items()}
         outcome = await self.scheduler.run_background(
-            functools.partial(self._ahead_job, settings, documents, uri, rest)
+            functools.partial(self._ahead_job, settings, documents, uri, rest, asked)
         )
         if outcome.value is not None:  # kept apart from the request decodes' counters
-            self.stats.record_prefetch(outcome.value)
+            result, renewed = outcome.value
+            self.stats.record_prefetch(result)
             self.stats.prefetch["rests"] += int(rest is not None)
+            self.stats.prefetch["renewed"] += int(renewed)
         elif outcome.status == "superseded":
             self.stats.prefetch["preempted"] += 1
 
@@ -179,11 +198,13 @@ class IdleWork:
         documents: dict[str, DocumentSnapshot],
         uri: str | None,
         rest: Ending | None,
+        asked: tuple[ContextRequest, Ending] | None,
         should_stop: Callable[[], bool],
-    ) -> GenerationResult | None:
+    ) -> tuple[GenerationResult, bool] | None:
         """Index changed documents as draft sources, then decode ahead on ``uri``'s greedy chain:
-        the rest of a block answered early (``rest``: its ending), else the line after the
-        suggestion. Returns what was decoded ahead, or None when nothing was."""
+        the rest of a block answered early (``rest``: its ending), else the request answered
+        again on rows chosen again (``_renew``), else the line after the suggestion. Returns what
+        was decoded and whether it renewed the rows, or None when nothing was decoded."""
         self.registry.forget_on_worker()
         runtime = self.host.local
         if runtime is None or settings.decoder != "speculative":
@@ -193,6 +214,8 @@ class IdleWork:
         self.sources.sync(runtime.ngram_source(), documents, uri, engine.encode, should_stop)
         if uri is None or not keeps_chains(settings, uri) or should_stop():
             return None
+        if rest is None and settings.prefetch and asked and self.context.needs_renewal(uri):
+            return self._renew(runtime, settings, uri, asked, should_stop), True
         chain = engine.prefix_cache.chain(uri)
         if chain is None or chain.greedy_from is None:
             return None
@@ -210,7 +233,28 @@ class IdleWork:
             return None  # the chain already reaches the block's end
         self.prefetching = True
         try:
-            return engine.generate(chain.tokens, config, drafter, cancel=should_stop, cache_key=uri)
+            return engine.generate(chain.tokens, config, drafter, cancel=should_stop, cache_key=uri), False
+        finally:
+            self.prefetching = False
+
+    def _renew(
+        self,
+        runtime: LocalRuntime,
+        settings: Settings,
+        uri: str,
+        asked: tuple[ContextRequest, Ending],
+        should_stop: Callable[[], bool],
+    ) -> GenerationResult:
+        """The request answered last, on rows chosen again (``ContextRequest.renew_rows``): its
+        prompt prefilled and decoded now, the next keystroke's prompt keeps those rows and finds
+        them in the cache. Pre-empted, the cache keeps what was prefilled for that keystroke."""
+        request, ending = asked
+        prompt = runtime.prompt(self.context, replace(request, renew_rows=True), None)
+        self.prefetching = True
+        try:
+            return runtime.generate(
+                prompt, settings, ending, should_stop, cache_key=uri, answer_by=time.monotonic()
+            )
         finally:
             self.prefetching = False
 

@@ -146,9 +146,13 @@ def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
 GET_VALUES = "    def _get_values(self, action, arg_strings):\n"
 
 
-def typed_prompts(tokens, text: str, start: int, typed: str, *, keep_rows: bool = True) -> list:
+def typed_prompts(
+    tokens, text: str, start: int, typed: str, *, keep_rows: bool = True, renew: bool = False
+) -> list:
     """``typed`` typed back at ``start`` of ``text`` (Enter brings the next line's indentation, as
-    an editor's auto-indent does): (document, offset, prompt) after each keystroke."""
+    an editor's auto-indent does): (document, offset, prompt) after each keystroke. ``renew``: at
+    each line's end (a pause) the server's idle work runs, choosing the rows again where the
+    builder says so (``needs_renewal``); its prompt follows that keystroke's, its offset None."""
     builder = ContextBuilder()
     head, tail = text[:start], text[start + len(typed) :]
     out, i = [], 0
@@ -160,18 +164,22 @@ def typed_prompts(tokens, text: str, start: int, typed: str, *, keep_rows: bool 
         document = head + typed[:i] + tail
         if not keep_rows:
             builder.shown.clear()  # every prompt's rows chosen afresh
-        prompt = builder.build(ContextRequest(document, start + i, 512, uri="file:///argparse.py"), tokens)
-        out.append((document, start + i, prompt))
+        request = ContextRequest(document, start + i, 512, uri="file:///argparse.py")
+        out.append((document, start + i, builder.build(request, tokens)))
+        if renew and typed[i : i + 1] == "\n" and builder.needs_renewal(request.uri):
+            out.append((document, None, builder.build(replace(request, renew_rows=True), tokens)))
+            assert not builder.needs_renewal(request.uri)  # room for the lines to come
     return out
 
 
-def prefills(prompts: list) -> int:
-    """How many keystrokes changed the prompt before its last line (a prefill of all after it)."""
+def prefills(prompts: list, at_keystrokes: bool = False) -> int:
+    """How many prompts changed the one before them before its last line (a prefill of all after
+    it); ``at_keystrokes``: only keystrokes' prompts, not idle work's (``typed_prompts``)."""
     count = 0
-    for (_, _, before), (_, _, after) in itertools.pairwise(prompts):
+    for (_, _, before), (_, offset, after) in itertools.pairwise(prompts):
         pairs = enumerate(zip(before.ids, after.ids, strict=False))
         shared = next((i for i, (a, b) in pairs if a != b), min(len(before.ids), len(after.ids)))
-        count += shared < len(before.ids) - 16
+        count += shared < len(before.ids) - 16 and not (at_keystrokes and offset is None)
     return count
 
 
@@ -197,6 +205,24 @@ def test_typing_down_a_function_keeps_the_rows_shown_above(tokens):
         above = iter(document[:line_start].splitlines(keepends=True))
         assert all(row in above for row in shown.splitlines(keepends=True))  # in order, unchanged
         assert GET_VALUES in shown
+
+
+def test_rows_nearly_outgrown_are_chosen_again_at_a_pause_not_at_a_keystroke(tokens):
+    """Kept rows leave less room with each line typed, and the keystroke that outgrows it has the
+    rows chosen again: a prefill from near the prompt's start while the user waits. Where the
+    room left at a line's end is short, the server's idle work chooses them then (the pause
+    before the next line), and no keystroke's prompt changes before its last line."""
+    text = (STDLIB / "argparse.py").read_text()
+    start = text.index(GET_VALUES) + len(GET_VALUES)
+    start += len(text[start:]) - len(text[start:].lstrip(" "))
+    typed = text[start : text.index("\n\n", start + 1200)]
+    kept = typed_prompts(tokens, text, start, typed)
+    renewed = typed_prompts(tokens, text, start, typed, renew=True)
+    renewals = sum(offset is None for _, offset, _ in renewed)
+    assert prefills(kept) >= 2 and renewals >= 2
+    assert prefills(renewed, at_keystrokes=True) == 0
+    keystrokes = [(d, o, p) for d, o, p in renewed if o is not None]
+    assert [p.ids[-4:] for _, _, p in keystrokes] == [p.ids[-4:] for _, _, p in kept]  # same lines
 
 
 def test_rows_are_kept_only_while_they_are_unchanged(tokens):

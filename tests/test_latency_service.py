@@ -194,6 +194,47 @@ async def test_a_block_is_answered_with_its_whole_lines_and_the_rest_comes_from_
     assert real.stats.reuse["from_chain"] == from_chain + 1
 
 
+# -- rows chosen again at a pause, not at a keystroke ---------------------------------------------
+
+TYPED_LINES = [f"    total_{i} = combine(config, total_{i - 1}, weight={i})\n" for i in range(1, 25)]
+
+
+async def typed_down(settings: Settings) -> tuple[list[Any], int]:
+    """Lines typed one by one at the end of ``LONG_FILE``'s ``main``, a pause after each: the
+    keystrokes' decodes (idle work's are counted apart), and how many times idle work renewed
+    the rows."""
+    running = await started(settings, "file:///work/typed.py", LONG_FILE + "0\n")
+    decodes: list[Any] = []
+    record = running.stats.record_generation
+    running.stats.record_generation = lambda result: (decodes.append(result), record(result))
+    try:
+        for line in TYPED_LINES:
+            running.text += line[:-1]
+            await running.ask()
+            await asyncio.sleep(0.5)  # the pause at the line's end: idle work runs
+            running.text += "\n"
+        return decodes, running.stats.prefetch["renewed"]
+    finally:
+        running.scheduler.close()
+
+
+async def test_rows_nearly_outgrown_are_chosen_again_at_the_pause_before(tiny):
+    """Typing line after line fills the room the prompt's kept rows leave; the keystroke that
+    outgrows it has them chosen again and prefills the prompt from near its start. With prefetch
+    on (shipped), the pause at a line's end does that where little room is left, and every
+    keystroke's prompt is found in the cache but for its own line; with prefetch off, some
+    keystroke prefills most of its prompt (the case the idle work is for)."""
+    settings = replace(tiny.settings, context_tokens=256, time_budget_ms=60000, max_new_tokens=3)
+    for prefetch in (True, False):
+        decodes, renewed = await typed_down(replace(settings, prefetch=prefetch))
+        fresh = [r.stats.prompt_tokens - r.stats.reused_tokens for r in decodes[1:]]  # not the cold one
+        assert len(fresh) == len(TYPED_LINES) - 1
+        if prefetch:
+            assert renewed >= 2 and max(fresh) <= 40, (renewed, fresh)
+        else:
+            assert renewed == 0 and max(fresh) > 100, fresh
+
+
 # -- how the editors are told to ask again --------------------------------------------------------
 
 

@@ -30,7 +30,9 @@ its first rows on, a prefill of the whole prompt (the slowest thing a request do
 user pauses at a line's start. So while typing goes on below the rows the last prompt showed and
 leaves them as they were, the next prompt shows the same rows plus those typed since; only when
 that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than the budget, which
-leaves room for the next few lines.
+leaves room for the next few lines. That choice, and the prefill it makes, would fall on a
+keystroke; where little room is left (``needs_renewal``), the server's idle-time work makes it at
+the pause before (``ContextRequest.renew_rows``).
 
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
 ``SUFFIX_SHARE`` of the budget, and the cursor's line goes after the middle marker, encoded apart
@@ -106,6 +108,9 @@ class ContextRequest:
     cross_file: bool = True
     symbols: SymbolTable | None = None
     recent_edits: tuple[Snippet, ...] = ()  # newest first (``edits.EditRing.others``)
+    # Choose the rows afresh, leaving ``STICKY_SLACK`` free, though the shown ones still fit
+    # (``ContextBuilder.needs_renewal``: idle-time work, before typing outgrows them).
+    renew_rows: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class Shown:
     # the snippet text (or the repository layout's text) the prompt began with: another one
     # changes the start anyway
     snippets: str
+    headroom: int = 0  # tokens the prompt could still grow by before its rows are chosen again
+    renew_below: int = 0  # less headroom than this: worth choosing them again while idle
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,15 @@ class ContextBuilder:
         a frozen value replaced whole."""
         return self.shown.get(uri) if uri else None
 
+    def needs_renewal(self, uri: str) -> bool:
+        """Whether ``uri``'s rows have less room left than the next line may take
+        (``RESERVE_STEP`` tokens, or a third of what choosing them again frees where that is
+        more, never more than it frees): that line would likely make a keystroke choose them
+        (and prefill the prompt from its first changed row), which a pause can do instead (worker
+        thread). Not sooner: each renewal is such a prefill, if at a pause."""
+        shown = self.shown.get(uri) if uri else None
+        return shown is not None and shown.headroom < shown.renew_below
+
     def forget(self, uri: str) -> None:
         """``uri`` was closed: its parse tree, snippet windows and shown rows are dropped (worker
         thread)."""
@@ -239,7 +255,7 @@ class ContextBuilder:
         line_ids = tokens.encode(line) if template is not None and template.line_in_middle else None
         head = snippet_text, cursor_text
         rows, prefix, ids = self._rows(
-            request.uri, window, outline, lines, row, head, key, tokens, rows_budget, room, line_ids
+            request, window, outline, lines, row, head, key, tokens, rows_budget, room, line_ids
         )
         first_row = min(rows, default=row)
         if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
@@ -284,7 +300,7 @@ class ContextBuilder:
 
     def _rows(
         self,
-        uri: str,
+        request: ContextRequest,
         window: Window,
         outline: Outline,
         lines: list[str],
@@ -300,13 +316,15 @@ class ContextBuilder:
         the document's last prompt showed where they still fit (``Shown``) and what came before
         them (``key``) is unchanged, else rows chosen afresh (``budget.select_rows``), asking for
         less where the pieces merged into more tokens than ``room``."""
-        kept = self._kept_rows(uri, window, lines, row, key)
+        uri, slack = request.uri, int(max(rows_budget, 0) * STICKY_SLACK)
+        kept = None if request.renew_rows else self._kept_rows(uri, window, lines, row, key)
         if kept is not None:
             prefix, ids = self._render(kept, lines, row, head, tokens, line_ids)
             if len(ids) <= room:
-                self._remember(uri, window, lines, row, kept, key, fits=True)
+                self._remember(uri, window, lines, row, kept, key, (room - len(ids), slack))
                 return kept, prefix, ids
-            rows_budget -= int(rows_budget * STICKY_SLACK)  # typing outgrew them: room to grow
+        if kept is not None or request.renew_rows:
+            rows_budget -= slack  # typing outgrew them (or soon would): room to grow
         rows: set[int] = set()
         prefix, ids = "", []
         for _ in range(4):
@@ -315,7 +333,7 @@ class ContextBuilder:
             if len(ids) <= room:
                 break
             rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
-        self._remember(uri, window, lines, row, rows, key, fits=len(ids) <= room)
+        self._remember(uri, window, lines, row, rows, key, (room - len(ids), slack))
         return rows, prefix, ids
 
     def _kept_rows(
@@ -336,9 +354,19 @@ class ContextBuilder:
         return kept | set(range(shown.cursor_row - window.first_row, row))
 
     def _remember(
-        self, uri: str, window: Window, lines: list[str], row: int, rows: set[int], snippets: str, fits: bool
+        self,
+        uri: str,
+        window: Window,
+        lines: list[str],
+        row: int,
+        rows: set[int],
+        snippets: str,
+        room: tuple[int, int],
     ) -> None:
-        if not uri or not fits:
+        """Keeps the rows shown (``room``: the prompt's headroom, and what choosing its rows again
+        would free); none where they did not fit."""
+        headroom, slack = room
+        if not uri or headroom < 0:
             self.shown.pop(uri, None)
             return
         above = sorted(r for r in rows if r < row)
@@ -347,6 +375,8 @@ class ContextBuilder:
             text="".join(lines[r] for r in above),
             cursor_row=window.first_row + row,
             snippets=snippets,
+            headroom=headroom,
+            renew_below=min(slack, max(slack // 3, RESERVE_STEP)),
         )
 
     def _outline(
