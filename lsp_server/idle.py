@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threa
     from decoding import GenerationConfig, SpeculativeEngine
     from decoding.engine.kv_cache import Chain
     from decoding.engine.results import GenerationResult
+
+log = logging.getLogger(__name__)
 
 IDLE_BEFORE_BACKGROUND_S = 0.15  # a typist's next key usually comes sooner: don't start work to drop
 IDLE_BEFORE_INDEXING_S = 0.5  # the workspace index waits for a real pause, after any prefetch
@@ -252,11 +255,20 @@ class IdleWork:
         prompt = runtime.prompt(self.context, replace(request, renew_rows=True), None)
         self.prefetching = True
         try:
-            return runtime.generate(
+            result = runtime.generate(
                 prompt, settings, ending, should_stop, cache_key=uri, answer_by=time.monotonic()
             )
         finally:
             self.prefetching = False
+        stats = result.stats
+        log.debug(
+            "%s: rows renewed, prompt %d (%d reused), %s",
+            uri,
+            len(prompt.ids),
+            stats.reused_tokens,
+            result.stop_reason,
+        )
+        return result
 
     def _warm_job(
         self,

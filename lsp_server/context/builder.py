@@ -325,6 +325,7 @@ class ContextBuilder:
                 return kept, prefix, ids
         if kept is not None or request.renew_rows:
             rows_budget -= slack  # typing outgrew them (or soon would): room to grow
+            log.debug("%s: rows chosen again (%s)", uri, "renewed" if request.renew_rows else "outgrown")
         rows: set[int] = set()
         prefix, ids = "", []
         for _ in range(4):
