@@ -34,7 +34,7 @@ from pygls.workspace import TextDocument
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest
 from lsp_server.ending import Ending
-from lsp_server.local.runtime import LocalRuntime, keeps_chains
+from lsp_server.local.runtime import LocalRuntime, keeps_chains, renewal_key
 from lsp_server.model_host import ModelHost
 from lsp_server.per_document import DocumentRegistry
 from lsp_server.scheduler import Scheduler
@@ -207,7 +207,8 @@ class IdleWork:
         """Index changed documents as draft sources, then decode ahead on ``uri``'s greedy chain:
         the rest of a block answered early (``rest``: its ending), else the request answered
         again on rows chosen again (``_renew``), else the line after the suggestion. Returns what
-        was decoded and whether it renewed the rows, or None when nothing was decoded."""
+        was decoded and whether the document took rows chosen again, or None when nothing was
+        decoded."""
         self.registry.forget_on_worker()
         runtime = self.host.local
         if runtime is None or settings.decoder != "speculative":
@@ -218,7 +219,7 @@ class IdleWork:
         if uri is None or not keeps_chains(settings, uri) or should_stop():
             return None
         if rest is None and settings.prefetch and asked and self.context.needs_renewal(uri):
-            return self._renew(runtime, settings, uri, asked, should_stop), True
+            return self._renew(runtime, settings, uri, asked, should_stop)
         chain = engine.prefix_cache.chain(uri)
         if chain is None or chain.greedy_from is None:
             return None
@@ -247,28 +248,34 @@ class IdleWork:
         uri: str,
         asked: tuple[ContextRequest, Ending],
         should_stop: Callable[[], bool],
-    ) -> GenerationResult:
+    ) -> tuple[GenerationResult, bool]:
         """The request answered last, on rows chosen again (``ContextRequest.renew_rows``): its
-        prompt prefilled and decoded now, the next keystroke's prompt keeps those rows and finds
-        them in the cache. Pre-empted, the cache keeps what was prefilled for that keystroke."""
+        prompt prefilled and decoded now under a cache key of its own (``renewal_key``), so that
+        the document's cache goes on serving keystrokes on the old rows until the new prompt is
+        whole in the cache; then the document adopts both, and the next keystroke keeps the new
+        rows. Pre-empted, what was prefilled waits for the next pause's renewal to go on from."""
         request, ending = asked
         prompt = runtime.prompt(self.context, replace(request, renew_rows=True), None)
         self.prefetching = True
         try:
             result = runtime.generate(
-                prompt, settings, ending, should_stop, cache_key=uri, answer_by=time.monotonic()
+                prompt, settings, ending, should_stop, cache_key=renewal_key(uri), answer_by=time.monotonic()
             )
         finally:
             self.prefetching = False
-        stats = result.stats
+        cache = runtime.engine.prefix_cache
+        adopted = uri in self.context.renewing and cache.adopt(renewal_key(uri), uri, prompt.ids)
+        if adopted:
+            self.context.adopt_renewal(uri)
         log.debug(
-            "%s: rows renewed, prompt %d (%d reused), %s",
+            "%s: rows renewed, prompt %d (%d reused), %s, %s",
             uri,
             len(prompt.ids),
-            stats.reused_tokens,
+            result.stats.reused_tokens,
             result.stop_reason,
+            "adopted" if adopted else "not adopted yet",
         )
-        return result
+        return result, adopted
 
     def _warm_job(
         self,

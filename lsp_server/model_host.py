@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lsp_server.config import Settings
 from lsp_server.local.loading import load_runtime
-from lsp_server.local.runtime import LocalRuntime
+from lsp_server.local.runtime import LocalRuntime, renewal_key
 from lsp_server.runtime import EngineRuntime
 
 if TYPE_CHECKING:
@@ -235,10 +235,11 @@ class ModelHost:
         return runtime.snapshot() if runtime is not None and runtime.kind == "remote" else None
 
     def forget(self, uri: str) -> None:
-        """The document was closed: drop its KV cache, even one a decode holds right now."""
+        """The document was closed: drop its KV caches, even one a decode holds right now."""
         runtime = self.local
         if runtime is not None:
             runtime.engine.prefix_cache.drop(uri)
+            runtime.engine.prefix_cache.drop(renewal_key(uri))
 
     def forget_on_worker(self, uri: str) -> None:
         """The document was closed: the drafter's state for it (worker thread)."""

@@ -147,12 +147,21 @@ GET_VALUES = "    def _get_values(self, action, arg_strings):\n"
 
 
 def typed_prompts(
-    tokens, text: str, start: int, typed: str, *, keep_rows: bool = True, renew: bool = False
+    tokens,
+    text: str,
+    start: int,
+    typed: str,
+    *,
+    keep_rows: bool = True,
+    renew: bool = False,
+    adopt: bool = True,
 ) -> list:
     """``typed`` typed back at ``start`` of ``text`` (Enter brings the next line's indentation, as
     an editor's auto-indent does): (document, offset, prompt) after each keystroke. ``renew``: at
     each line's end (a pause) the server's idle work runs, choosing the rows again where the
-    builder says so (``needs_renewal``); its prompt follows that keystroke's, its offset None."""
+    builder says so (``needs_renewal``); its prompt follows that keystroke's, its offset None.
+    ``adopt``: its prefill ends within the pause, and the document adopts the rows (else a key
+    pre-empts it every time)."""
     builder = ContextBuilder()
     head, tail = text[:start], text[start + len(typed) :]
     out, i = [], 0
@@ -168,7 +177,8 @@ def typed_prompts(
         out.append((document, start + i, builder.build(request, tokens)))
         if renew and typed[i : i + 1] == "\n" and builder.needs_renewal(request.uri):
             out.append((document, None, builder.build(replace(request, renew_rows=True), tokens)))
-            assert not builder.needs_renewal(request.uri)  # room for the lines to come
+            assert builder.adopt_renewal(request.uri) if adopt else builder.needs_renewal(request.uri)
+            assert not builder.needs_renewal(request.uri) or not adopt  # room for the lines to come
     return out
 
 
@@ -223,6 +233,35 @@ def test_rows_nearly_outgrown_are_chosen_again_at_a_pause_not_at_a_keystroke(tok
     assert prefills(renewed, at_keystrokes=True) == 0
     keystrokes = [(d, o, p) for d, o, p in renewed if o is not None]
     assert [p.ids[-4:] for _, _, p in keystrokes] == [p.ids[-4:] for _, _, p in kept]  # same lines
+
+
+def test_rows_chosen_again_wait_apart_until_their_prompt_is_prefilled(tokens):
+    """A renewal pre-empted by the next key (its prefill not done) changes no keystroke's prompt:
+    they keep the rows whose prompt is in the cache until typing outgrows them, as without
+    renewals; and until then each pause's renewal keeps the rows of the one before, whose prefill
+    it goes on from (under its own cache key, ``idle._renew``)."""
+    text = (STDLIB / "argparse.py").read_text()
+    start = text.index(GET_VALUES) + len(GET_VALUES)
+    start += len(text[start:]) - len(text[start:].lstrip(" "))
+    typed = text[start : text.index("\n\n", start + 1200)]
+    kept = typed_prompts(tokens, text, start, typed)
+    pending = typed_prompts(tokens, text, start, typed, renew=True, adopt=False)
+    keystrokes = [p.ids for _, o, p in pending if o is not None]
+    assert keystrokes == [p.ids for _, _, p in kept]
+    shares, renewal, keystroke = [], None, None
+    for _, offset, prompt in pending:
+        if offset is None:
+            if renewal is not None:
+                shares.append(shared_prefix(renewal, prompt.ids) / len(renewal))
+            renewal = prompt.ids
+        elif keystroke is not None and shared_prefix(keystroke, prompt.ids) < len(keystroke) - 16:
+            renewal = None  # outgrown: the keystroke chose rows afresh, the renewal starts again
+        keystroke = prompt.ids if offset is not None else keystroke
+    assert len(shares) >= 2 and min(shares) > 0.8
+
+
+def shared_prefix(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def test_rows_are_kept_only_while_they_are_unchanged(tokens):

@@ -202,6 +202,33 @@ def test_a_cancelled_prefill_stops_between_chunks_and_keeps_what_it_prefilled(ta
     assert resumed.token_ids == plain_greedy(target, prompt, 8)
 
 
+def test_a_prompt_prefilled_apart_is_adopted_only_once_whole(target):
+    """A document's renewed prompt is prefilled under a key of its own while the document's cache
+    keeps serving; the document takes it over only when it holds the whole prompt, and then
+    answers from it exactly."""
+    store = PrefixCache(64 * MB)
+    engine = SpeculativeEngine(loaded(target), prefix_cache=store)
+    config = GenerationConfig(max_new_tokens=6, prefill_chunk=16)
+    old = [random.Random(6).randrange(TINY_VOCAB) for _ in range(40)]
+    new = [random.Random(7).randrange(TINY_VOCAB) for _ in range(60)]
+    engine.generate(old, config, cache_key="doc")
+    calls = {"n": 0}
+
+    def cancel_after_two_chunks() -> bool:
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    engine.generate(new, config, cancel=cancel_after_two_chunks, cache_key="side")
+    assert not store.adopt("side", "doc", new)  # 32 of 60 prefilled: the document keeps its own
+    assert engine.generate(old + [3], config, cache_key="doc").stats.reused_tokens == len(old)
+    engine.generate(new, config, cache_key="side")  # goes on from the 32
+    assert store.adopt("side", "doc", new)
+    assert store.chain("side") is None and store.snapshot()["entries"] == 1
+    again = engine.generate(new + [3], config, cache_key="doc")
+    assert again.stats.reused_tokens >= len(new)  # (3 may be the known greedy token: all reused)
+    assert again.token_ids == plain_greedy(target, new + [3], 6)
+
+
 def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between_chunks(target):
     engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
     prompt = [random.Random(6).randrange(TINY_VOCAB) for _ in range(200)]

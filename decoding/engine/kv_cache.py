@@ -247,6 +247,24 @@ class PrefixCache:
             entry = self._entries.get(key)
             return Chain(list(entry.tokens), entry.greedy_from, entry.asked) if entry is not None else None
 
+    def adopt(self, source: str, key: str, prompt: Sequence[int]) -> bool:
+        """Make ``source``'s entry ``key``'s where it holds all of ``prompt`` (a prompt prefilled
+        under a key of its own while ``key``'s cache went on serving): ``key``'s entry, and any
+        loan of it, is dropped. Whether it was adopted."""
+        with self._lock:
+            entry = self._entries.get(source)
+            if entry is None or source in self._lent or entry.tokens[: len(prompt)] != list(prompt):
+                return False
+            if cache_length(entry.cache) < len(prompt) - 1:
+                return False
+            del self._entries[source]
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._lent.pop(key, None)
+            self._entries[key] = entry
+            return True
+
     def drop(self, key: str) -> None:
         """Forget ``key`` (its document was closed), including a cache lent out right now."""
         with self._lock:

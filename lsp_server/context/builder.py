@@ -32,7 +32,10 @@ leaves them as they were, the next prompt shows the same rows plus those typed s
 that no longer fits are the rows chosen again, for ``STICKY_SLACK`` less than the budget, which
 leaves room for the next few lines. That choice, and the prefill it makes, would fall on a
 keystroke; where little room is left (``needs_renewal``), the server's idle-time work makes it at
-the pause before (``ContextRequest.renew_rows``).
+the pause before (``ContextRequest.renew_rows``). Those rows wait apart (``renewing``) while their
+prompt is prefilled, which may take more than one pause: keystrokes meanwhile keep the rows whose
+prompt is in the cache, until the renewed ones are adopted (``adopt_renewal``) or typing outgrows
+the old ones first.
 
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
 ``SUFFIX_SHARE`` of the budget, and the cursor's line goes after the middle marker, encoded apart
@@ -194,6 +197,7 @@ class ContextBuilder:
         self.symbols = SymbolCache()  # the open documents' definitions, by text
         self.definitions = definitions.Chooser()  # each document's last choice of them
         self.shown: dict[str, Shown] = {}  # by document
+        self.renewing: dict[str, Shown] = {}  # rows chosen again at a pause, not yet adopted
 
     def state(self, uri: str) -> Shown | None:
         """What besides the request decides ``uri``'s next prompt: the rows its last prompt showed.
@@ -221,6 +225,15 @@ class ContextBuilder:
         self.snippets.forget(uri)
         self.definitions.forget(uri)
         self.shown.pop(uri, None)
+        self.renewing.pop(uri, None)
+
+    def adopt_renewal(self, uri: str) -> bool:
+        """The rows chosen again for ``uri`` (``renew_rows``) become its shown rows, once their
+        prompt is in the cache; whether there were any (worker thread)."""
+        renewed = self.renewing.pop(uri, None)
+        if renewed is not None:
+            self.shown[uri] = renewed
+        return renewed is not None
 
     def build(self, request: ContextRequest, tokens: Tokens) -> Prompt:
         """The prompt for ``request``: at most ``budget_tokens`` ids, exactly the encoding of its
@@ -317,11 +330,13 @@ class ContextBuilder:
         them (``key``) is unchanged, else rows chosen afresh (``budget.select_rows``), asking for
         less where the pieces merged into more tokens than ``room``."""
         uri, slack = request.uri, int(max(rows_budget, 0) * STICKY_SLACK)
-        kept = None if request.renew_rows else self._kept_rows(uri, window, lines, row, key)
+        # A renewal keeps the rows an earlier one chose, while its prefill is not yet done.
+        shown = self.renewing if request.renew_rows else self.shown
+        kept = self._kept_rows(shown.get(uri) if uri else None, window, lines, row, key)
         if kept is not None:
             prefix, ids = self._render(kept, lines, row, head, tokens, line_ids)
             if len(ids) <= room:
-                self._remember(uri, window, lines, row, kept, key, (room - len(ids), slack))
+                self._remember(uri, window, lines, row, kept, key, (room - len(ids), slack), shown)
                 return kept, prefix, ids
         if kept is not None or request.renew_rows:
             rows_budget -= slack  # typing outgrew them (or soon would): room to grow
@@ -334,16 +349,18 @@ class ContextBuilder:
             if len(ids) <= room:
                 break
             rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
-        self._remember(uri, window, lines, row, rows, key, (room - len(ids), slack))
+        if not request.renew_rows:
+            self.renewing.pop(uri, None)  # outgrown first: what was renewed is older than these rows
+        self._remember(uri, window, lines, row, rows, key, (room - len(ids), slack), shown)
         return rows, prefix, ids
 
+    @staticmethod
     def _kept_rows(
-        self, uri: str, window: Window, lines: list[str], row: int, snippet_text: str
+        shown: Shown | None, window: Window, lines: list[str], row: int, snippet_text: str
     ) -> set[int] | None:
-        """The rows the document's last prompt showed and the rows typed below them since (window
-        rows), where that prompt's rows are unchanged and the cursor moved at most
-        ``STICKY_ROWS`` down; else None."""
-        shown = self.shown.get(uri) if uri else None
+        """The rows a prompt showed (``shown``: the document's last, or its pending renewal's) and
+        the rows typed below them since (window rows), where that prompt's rows are unchanged
+        and the cursor moved at most ``STICKY_ROWS`` down; else None."""
         if shown is None or shown.snippets != snippet_text:
             return None
         cursor_row = window.first_row + row
@@ -363,15 +380,16 @@ class ContextBuilder:
         rows: set[int],
         snippets: str,
         room: tuple[int, int],
+        shown: dict[str, Shown],
     ) -> None:
-        """Keeps the rows shown (``room``: the prompt's headroom, and what choosing its rows again
-        would free); none where they did not fit."""
+        """Keeps the rows shown in ``shown`` (``room``: the prompt's headroom, and what choosing
+        its rows again would free); none where they did not fit."""
         headroom, slack = room
         if not uri or headroom < 0:
-            self.shown.pop(uri, None)
+            shown.pop(uri, None)
             return
         above = sorted(r for r in rows if r < row)
-        self.shown[uri] = Shown(
+        shown[uri] = Shown(
             rows=frozenset(window.first_row + r for r in above),
             text="".join(lines[r] for r in above),
             cursor_row=window.first_row + row,

@@ -156,6 +156,12 @@ class LocalRuntime:
         return self._peer
 
 
+def renewal_key(uri: str) -> str:
+    """The KV cache key a document's renewed prompt is prefilled under (``idle._renew``), apart
+    from the document's own cache, which keeps serving its keystrokes until it is adopted."""
+    return f"renewal:{uri}"
+
+
 def keeps_chains(settings: Settings, cache_key: str | None) -> bool:
     """Whether a document's greedy chain is kept and answers the next request from it: what an
     early answer relies on to hand the rest of a block to the next request."""
