@@ -146,6 +146,15 @@ def test_keystrokes_on_one_line_keep_the_prompt_prefix(tokens):
 GET_VALUES = "    def _get_values(self, action, arg_strings):\n"
 
 
+def get_values_body() -> tuple[str, int, str]:
+    """argparse.py, where ``_get_values``'s body starts (after its first indentation), and the
+    body's first ~1200 characters and on to the blank line after: what the typing tests type back."""
+    text = (STDLIB / "argparse.py").read_text()
+    start = text.index(GET_VALUES) + len(GET_VALUES)
+    start += len(text[start:]) - len(text[start:].lstrip(" "))
+    return text, start, text[start : text.index("\n\n", start + 1200)]
+
+
 def typed_prompts(
     tokens,
     text: str,
@@ -198,10 +207,7 @@ def test_typing_down_a_function_keeps_the_rows_shown_above(tokens):
     prompt then differs from near its start: a prefill of the whole prompt at a line's start.
     Kept, they change only where typing outgrew the budget. Every prompt still shows only the
     document's own rows, in order, with the enclosing header, within the budget."""
-    text = (STDLIB / "argparse.py").read_text()
-    start = text.index(GET_VALUES) + len(GET_VALUES)
-    start += len(text[start:]) - len(text[start:].lstrip(" "))
-    typed = text[start : text.index("\n\n", start + 1200)]
+    text, start, typed = get_values_body()
     kept = typed_prompts(tokens, text, start, typed)
     fresh = typed_prompts(tokens, text, start, typed, keep_rows=False)
     assert prefills(fresh) >= 4
@@ -222,10 +228,7 @@ def test_rows_nearly_outgrown_are_chosen_again_at_a_pause_not_at_a_keystroke(tok
     rows chosen again: a prefill from near the prompt's start while the user waits. Where the
     room left at a line's end is short, the server's idle work chooses them then (the pause
     before the next line), and no keystroke's prompt changes before its last line."""
-    text = (STDLIB / "argparse.py").read_text()
-    start = text.index(GET_VALUES) + len(GET_VALUES)
-    start += len(text[start:]) - len(text[start:].lstrip(" "))
-    typed = text[start : text.index("\n\n", start + 1200)]
+    text, start, typed = get_values_body()
     kept = typed_prompts(tokens, text, start, typed)
     renewed = typed_prompts(tokens, text, start, typed, renew=True)
     renewals = sum(offset is None for _, offset, _ in renewed)
@@ -240,10 +243,7 @@ def test_rows_chosen_again_wait_apart_until_their_prompt_is_prefilled(tokens):
     they keep the rows whose prompt is in the cache until typing outgrows them, as without
     renewals; and until then each pause's renewal keeps the rows of the one before, whose prefill
     it goes on from (under its own cache key, ``idle._renew``)."""
-    text = (STDLIB / "argparse.py").read_text()
-    start = text.index(GET_VALUES) + len(GET_VALUES)
-    start += len(text[start:]) - len(text[start:].lstrip(" "))
-    typed = text[start : text.index("\n\n", start + 1200)]
+    text, start, typed = get_values_body()
     kept = typed_prompts(tokens, text, start, typed)
     pending = typed_prompts(tokens, text, start, typed, renew=True, adopt=False)
     keystrokes = [p.ids for _, o, p in pending if o is not None]

@@ -361,8 +361,9 @@ int lsq_row_norms(int type, const void *w, int64_t n, int64_t first, int64_t cou
         for (; j < n; j++) lanes[0] += (double) row[j] * (double) row[j];
         double sum = 0.0;
         for (int k = 0; k < 8; k++) sum += lanes[k];
-        float norm = (float) sqrt(sum);
-        out[i] = (double) norm < sqrt(sum) ? nextafterf(norm, INFINITY) : norm;
+        const double exact = sqrt(sum);
+        const float norm = (float) exact;
+        out[i] = (double) norm < exact ? nextafterf(norm, INFINITY) : norm;
     }
     free(row);
     return 0;
