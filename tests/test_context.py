@@ -16,6 +16,7 @@ from lsprotocol import types
 from pygls.workspace import PositionCodec
 from transformers import AutoTokenizer
 
+from decoding.engine.kv_cache import common_prefix_length
 from lsp_server import postprocess
 from lsp_server.context import fim
 from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
@@ -186,8 +187,11 @@ def typed_prompts(
         out.append((document, start + i, builder.build(request, tokens)))
         if renew and typed[i : i + 1] == "\n" and builder.needs_renewal(request.uri):
             out.append((document, None, builder.build(replace(request, renew_rows=True), tokens)))
-            assert builder.adopt_renewal(request.uri) if adopt else builder.needs_renewal(request.uri)
-            assert not builder.needs_renewal(request.uri) or not adopt  # room for the lines to come
+            if adopt:
+                assert builder.adopt_renewal(request.uri)
+                assert not builder.needs_renewal(request.uri)  # room for the lines to come
+            else:
+                assert builder.needs_renewal(request.uri)  # the old rows are still the shown ones
     return out
 
 
@@ -196,8 +200,7 @@ def prefills(prompts: list, at_keystrokes: bool = False) -> int:
     it); ``at_keystrokes``: only keystrokes' prompts, not idle work's (``typed_prompts``)."""
     count = 0
     for (_, _, before), (_, offset, after) in itertools.pairwise(prompts):
-        pairs = enumerate(zip(before.ids, after.ids, strict=False))
-        shared = next((i for i, (a, b) in pairs if a != b), min(len(before.ids), len(after.ids)))
+        shared = common_prefix_length(before.ids, after.ids)
         count += shared < len(before.ids) - 16 and not (at_keystrokes and offset is None)
     return count
 
@@ -252,16 +255,13 @@ def test_rows_chosen_again_wait_apart_until_their_prompt_is_prefilled(tokens):
     for _, offset, prompt in pending:
         if offset is None:
             if renewal is not None:
-                shares.append(shared_prefix(renewal, prompt.ids) / len(renewal))
+                shares.append(common_prefix_length(renewal, prompt.ids) / len(renewal))
             renewal = prompt.ids
-        elif keystroke is not None and shared_prefix(keystroke, prompt.ids) < len(keystroke) - 16:
+            continue
+        if keystroke is not None and common_prefix_length(keystroke, prompt.ids) < len(keystroke) - 16:
             renewal = None  # outgrown: the keystroke chose rows afresh, the renewal starts again
-        keystroke = prompt.ids if offset is not None else keystroke
+        keystroke = prompt.ids
     assert len(shares) >= 2 and min(shares) > 0.8
-
-
-def shared_prefix(a, b) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def test_rows_are_kept_only_while_they_are_unchanged(tokens):

@@ -252,10 +252,10 @@ class PrefixCache:
         under a key of its own while ``key``'s cache went on serving): ``key``'s entry, and any
         loan of it, is dropped. Whether it was adopted."""
         with self._lock:
-            entry = self._entries.get(source)
-            if entry is None or source in self._lent or entry.tokens[: len(prompt)] != list(prompt):
+            entry = self._entries.get(source)  # holds all its tokens but perhaps the last (``put``)
+            if entry is None or source in self._lent:
                 return False
-            if cache_length(entry.cache) < len(prompt) - 1:
+            if common_prefix_length(entry.tokens, prompt) < len(prompt):
                 return False
             del self._entries[source]
             old = self._entries.pop(key, None)
