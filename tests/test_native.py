@@ -59,9 +59,10 @@ def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
 @pytest.mark.parametrize("out", [24, 7])  # pairs of weight rows only, and an odd one after them
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_a_pass_of_any_row_count_gives_each_row_what_ggmls_vec_dot_gives_it_alone(kind, out):
-    """A pass runs krows.c's kernels (four activation rows to a weight block, then the rest) and,
-    for Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 on AVX-512, kpairs.c's (two weight rows to a register),
-    one row included:
+    """A pass runs krows.c's kernels (four activation rows to a weight block, then the rest; the
+    first four ask for the weights ahead, the rest do not; Q8_0 and Q8_1 activations' block
+    scales read as floats converted once a pass) and, for Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 on
+    AVX-512, kpairs.c's (two weight rows to a register), one row included:
     every row count from 1 to 9, rows of magnitudes 1e-3 to 1e3 (one value far above the rest)
     and long weight rows (24 blocks of 256) give each output exactly what ggml's own vec_dot
     gives it for that row alone."""

@@ -10,8 +10,10 @@
 // same integer lanes (exact), the same fused multiply-adds into the same accumulators, the same
 // final sums. So a row's output is bit for bit the one vec_dot gives it alone
 // (tests/test_native.py compares every row count with vec_dot's single rows), and lsqmm.c runs
-// one-row passes here too: unlike vec_dot, these kernels ask for the weights ahead
-// (lsq_ahead). Without AVX2 there is none: lsqmm.c keeps vec_dot.
+// one-row passes here too: unlike vec_dot, these kernels ask for the weights ahead (lsq_ahead),
+// for the first rows of a pass only. The activations' block scales come converted to floats once
+// a pass (lsqmm.c's block_scales) rather than once a weight row: half to float is exact, so the
+// products are the same. Without AVX2 there is none: lsqmm.c keeps vec_dot.
 
 #include "krows.h"
 
@@ -29,8 +31,8 @@ static ALWAYS_INLINE __m128i scale_shuffle(int i) {
 }
 
 // ggml_vec_dot_q4_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
-static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
-                                    float *s, size_t ls) {
+static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const float *yd,
+                                    const int nr, const int ahead, float *s, size_t ls) {
     const block_q4_K *x = vw;
     const int nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -41,7 +43,7 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
         acc_m[r] = _mm_setzero_ps();
     }
     for (int i = 0; i < nb; ++i) {
-        lsq_ahead(x + i, sizeof(block_q4_K));
+        if (ahead) lsq_ahead(x + i, sizeof(block_q4_K));
         const float xd = half(x[i].d), xmin = half(x[i].dmin);
         const __m256i mins_and_scales = q4_K_mins_and_scales(x + i);
         const __m128i mins = _mm256_extracti128_si256(mins_and_scales, 1);
@@ -87,15 +89,15 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
 }
 
 // ggml_vec_dot_q6_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
-static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
-                                    float *s, size_t ls) {
+static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const float *yd,
+                                    const int nr, const int ahead, float *s, size_t ls) {
     const block_q6_K *x = vw;
     const int nb = n / QK_K;
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[LSQ_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nb; ++i) {
-        lsq_ahead(x + i, sizeof(block_q6_K));
+        if (ahead) lsq_ahead(x + i, sizeof(block_q6_K));
         const float xd = half(x[i].d);
         const __m128i scales = _mm_loadu_si128((const __m128i *) x[i].scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
@@ -165,18 +167,18 @@ static ALWAYS_INLINE __m256 mul_sum_i8_pairs_float(const __m256i x, const __m256
 
 // ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0's AVX2 branch, for nr activation rows against one weight row.
 #define SIGNED_BLOCKS_ROWS(name, block_t, unpack)                                                       \
-    static ALWAYS_INLINE void name(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,  \
-                                   float *s, size_t ls) {                                               \
+    static ALWAYS_INLINE void name(int n, const void *vw, const char *xq, size_t xq_bytes, const float *yd, \
+                                   const int nr, const int ahead, float *s, size_t ls) {                \
         const block_t *x = vw;                                                                          \
         __m256 acc[LSQ_ROWS];                                                                           \
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();                                      \
         for (int ib = 0; ib < n / QK8_0; ++ib) {                                                        \
-            lsq_ahead(x + ib, sizeof(block_t));                                                         \
-            const float xd = half(x[ib].d);                                                             \
+            if (ahead) lsq_ahead(x + ib, sizeof(block_t));                                              \
+            const __m256 xd = _mm256_set1_ps(half(x[ib].d));                                            \
             const __m256i qx = unpack(x + ib);                                                          \
             for (int r = 0; r < nr; r++) {                                                              \
                 const block_q8_0 *y = (const block_q8_0 *) (xq + r * xq_bytes) + ib;                    \
-                const __m256 d = _mm256_set1_ps(xd * half(y->d));                                       \
+                const __m256 d = _mm256_mul_ps(xd, _mm256_broadcast_ss(yd + r * (n / QK8_0) + ib));     \
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) y->qs);                         \
                 acc[r] = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc[r]);                    \
             }                                                                                           \
@@ -189,8 +191,8 @@ SIGNED_BLOCKS_ROWS(q5_0_rows, block_q5_0, q5_0_bytes)
 SIGNED_BLOCKS_ROWS(q8_0_rows, block_q8_0, q8_0_bytes)
 
 // ggml_vec_dot_q4_1_q8_1's AVX2 branch, for nr activation rows against one weight row.
-static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const int nr,
-                                    float *s, size_t ls) {
+static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const float *yd,
+                                    const int nr, const int ahead, float *s, size_t ls) {
     const block_q4_1 *x = vw;
     __m256 acc[LSQ_ROWS];
     float summs[LSQ_ROWS];
@@ -199,13 +201,14 @@ static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_
         summs[r] = 0;
     }
     for (int ib = 0; ib < n / QK8_1; ++ib) {
-        lsq_ahead(x + ib, sizeof(block_q4_1));
+        if (ahead) lsq_ahead(x + ib, sizeof(block_q4_1));
         const float d0 = half(x[ib].d), m = half(x[ib].m);
         const __m256i qx = bytes_from_nibbles_32(x[ib].qs);
         for (int r = 0; r < nr; r++) {
             const block_q8_1 *y = (const block_q8_1 *) (xq + r * xq_bytes) + ib;
-            summs[r] += m * half(y->s);
-            const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_set1_ps(half(y->d)));
+            const float *ds = yd + 2 * (r * (n / QK8_1) + ib);  // y->d and y->s as floats
+            summs[r] += m * ds[1];
+            const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(d0), _mm256_broadcast_ss(ds));
             const __m256 xy = mul_sum_us8_pairs_float(qx, _mm256_loadu_si256((const __m256i *) y->qs));
             acc[r] = _mm256_fmadd_ps(d0d1, xy, acc[r]);
         }
@@ -213,23 +216,20 @@ static ALWAYS_INLINE void q4_1_rows(int n, const void *vw, const char *xq, size_
     for (int r = 0; r < nr; r++) s[r * ls] = hsum_float_8(acc[r]) + summs[r];
 }
 
-// One function per row count, so that each is compiled with its loops unrolled and the
-// accumulators in registers.
+// One function per row count and prefetch choice, so that each is compiled with its loops unrolled
+// and the accumulators in registers.
+#define ROWS_FUNCTION(kernel, rows, ahead)                                                               \
+    static void kernel##_##rows##_##ahead(int n, const void *w, const char *xq, size_t b, const float *yd, \
+                                          float *s, size_t ls) {                                       \
+        kernel(n, w, xq, b, yd, rows, ahead, s, ls);                                                   \
+    }
 #define ROWS_FUNCTIONS(kernel)                                                                          \
-    static void kernel##_1(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
-        kernel(n, w, xq, b, 1, s, ls);                                                                  \
-    }                                                                                                   \
-    static void kernel##_2(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
-        kernel(n, w, xq, b, 2, s, ls);                                                                  \
-    }                                                                                                   \
-    static void kernel##_3(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
-        kernel(n, w, xq, b, 3, s, ls);                                                                  \
-    }                                                                                                   \
-    static void kernel##_4(int n, const void *w, const char *xq, size_t b, float *s, size_t ls) {       \
-        kernel(n, w, xq, b, 4, s, ls);                                                                  \
-    }                                                                                                   \
-    static const lsq_rows_kernel_t kernel##_by_rows[LSQ_ROWS + 1] = {NULL, kernel##_1, kernel##_2,      \
-                                                                     kernel##_3, kernel##_4};
+    ROWS_FUNCTION(kernel, 1, 0) ROWS_FUNCTION(kernel, 2, 0) ROWS_FUNCTION(kernel, 3, 0)                 \
+    ROWS_FUNCTION(kernel, 4, 0) ROWS_FUNCTION(kernel, 1, 1) ROWS_FUNCTION(kernel, 2, 1)                 \
+    ROWS_FUNCTION(kernel, 3, 1) ROWS_FUNCTION(kernel, 4, 1)                                             \
+    static const lsq_rows_kernel_t kernel##_by_rows[2][LSQ_ROWS + 1] = {                                \
+        {NULL, kernel##_1_0, kernel##_2_0, kernel##_3_0, kernel##_4_0},                                 \
+        {NULL, kernel##_1_1, kernel##_2_1, kernel##_3_1, kernel##_4_1}};
 
 ROWS_FUNCTIONS(q4_K_rows)
 ROWS_FUNCTIONS(q6_K_rows)
@@ -238,22 +238,24 @@ ROWS_FUNCTIONS(q4_1_rows)
 ROWS_FUNCTIONS(q5_0_rows)
 ROWS_FUNCTIONS(q8_0_rows)
 
-const lsq_rows_kernel_t *lsq_rows_kernels(int type) {
+const lsq_rows_kernel_t *lsq_rows_kernels(int type, int ahead) {
+    ahead = ahead != 0;
     switch (type) {
-        case GGML_TYPE_Q4_K: return q4_K_rows_by_rows;
-        case GGML_TYPE_Q6_K: return q6_K_rows_by_rows;
-        case GGML_TYPE_Q4_0: return q4_0_rows_by_rows;
-        case GGML_TYPE_Q4_1: return q4_1_rows_by_rows;
-        case GGML_TYPE_Q5_0: return q5_0_rows_by_rows;
-        case GGML_TYPE_Q8_0: return q8_0_rows_by_rows;
+        case GGML_TYPE_Q4_K: return q4_K_rows_by_rows[ahead];
+        case GGML_TYPE_Q6_K: return q6_K_rows_by_rows[ahead];
+        case GGML_TYPE_Q4_0: return q4_0_rows_by_rows[ahead];
+        case GGML_TYPE_Q4_1: return q4_1_rows_by_rows[ahead];
+        case GGML_TYPE_Q5_0: return q5_0_rows_by_rows[ahead];
+        case GGML_TYPE_Q8_0: return q8_0_rows_by_rows[ahead];
         default: return NULL;
     }
 }
 
 #else
 
-const lsq_rows_kernel_t *lsq_rows_kernels(int type) {
+const lsq_rows_kernel_t *lsq_rows_kernels(int type, int ahead) {
     (void) type;
+    (void) ahead;
     return NULL;
 }
 

@@ -21,11 +21,18 @@ static inline void lsq_ahead(const void *p, size_t size) {
 }
 
 // s[r * ls] = weight row w (n values of the kernel's type) times activation row r, for the nr rows
-// of xq (quantized to the type's vec_dot_type, xq_bytes apart); nr is fixed per kernel.
-typedef void (*lsq_rows_kernel_t)(int n, const void *w, const char *xq, size_t xq_bytes, float *s, size_t ls);
+// of xq (quantized to the type's vec_dot_type, xq_bytes apart); nr is fixed per kernel. For Q8_0
+// activations yd holds each row's block scales as floats (n / 32 a row), for Q8_1 ones each block's
+// d and s (2n / 32 a row): converted once for all the weight rows, where each weight row converted
+// them again. The K-quants' activations (Q8_K) have float scales already, and their kernels ignore yd.
+typedef void (*lsq_rows_kernel_t)(int n, const void *w, const char *xq, size_t xq_bytes, const float *yd,
+                                  float *s, size_t ls);
 
-// The kernels for 0..LSQ_ROWS rows (entry 0 is NULL), or NULL where `type` has none here.
-const lsq_rows_kernel_t *lsq_rows_kernels(int type);
+// The kernels for 0..LSQ_ROWS rows (entry 0 is NULL), or NULL where `type` has none here. With
+// `ahead`, they ask for the weights ahead of their use (lsq_ahead): for the first rows of a pass,
+// which stream the weights from memory; the rows after them find the weights in cache, where the
+// requests only cost instructions.
+const lsq_rows_kernel_t *lsq_rows_kernels(int type, int ahead);
 
 // Two weight rows (w and w + row_bytes) against nr activation rows: s[r * ls] and s[r * ls + 1]
 // (kpairs.c; NULL where the type or the CPU has none).

@@ -6,8 +6,9 @@
 // from_float quantizes an activation row, vec_dot multiplies it with one weight row), one output
 // at a time, so every output is computed the same whatever the rows of the pass: batch-invariant
 // by construction. Where the type has them, krows.c's kernels take any pass (each weight block
-// unpacked once for up to four rows, the weights asked for ahead of their use) and, on AVX-512,
-// kpairs.c's (two weight rows to a register); both sum every output exactly as vec_dot sums it.
+// unpacked once for up to four rows, the weights asked for ahead of the first rows' use) and, on
+// AVX-512, kpairs.c's (two weight rows to a register); both sum every output exactly as vec_dot
+// sums it.
 // Weight rows are split among a small pool of threads that spin between calls (a decode step is
 // ~120 products ~20-100 us apart), as ggml's own threadpool does; each thread
 // reads its own contiguous share of the rows, as ggml's mul_mat does, since threads taking turns
@@ -34,8 +35,11 @@ typedef struct {
     size_t row_bytes;
     const char *xq;         // activation rows quantized to vec_dot_type, xq_bytes apart
     size_t xq_bytes;
+    const float *yd;        // the activations' block scales as floats (block_scales), or NULL
+    int64_t yd_row;         // floats of yd per activation row
     ggml_vec_dot_t vec_dot;
     const lsq_rows_kernel_t *rows_kernels;  // several rows at once (krows.c), or NULL: vec_dot
+    const lsq_rows_kernel_t *cached_rows_kernels;  // the same without asking for the weights ahead
     const lsq_pair_kernel_t *pair_kernels;  // two weight rows at once (kpairs.c), or NULL
     int64_t n_in, n_out, rows;
     float *y;               // (rows, ldy): outputs of this weight at columns 0..n_out
@@ -78,9 +82,11 @@ static inline void cpu_relax(void) {
 static void run_rows(job_t *job, int64_t first, int64_t last) {
     for (int64_t r = 0; r < job->rows; r += LSQ_ROWS) {
         int nr = job->rows - r < LSQ_ROWS ? (int) (job->rows - r) : LSQ_ROWS;
-        lsq_rows_kernel_t kernel = job->rows_kernels[nr];
+        // The first rows bring a chunk's weights into cache, the rows after them find them there.
+        lsq_rows_kernel_t kernel = (r == 0 ? job->rows_kernels : job->cached_rows_kernels)[nr];
         lsq_pair_kernel_t pair = job->pair_kernels ? job->pair_kernels[nr] : NULL;
         const char *x = job->xq + r * job->xq_bytes;
+        const float *yd = job->yd ? job->yd + r * job->yd_row : NULL;
         float *out = job->y + r * job->ldy;
         int64_t o = first;
         for (; pair && o + 1 < last; o += 2) {
@@ -89,7 +95,7 @@ static void run_rows(job_t *job, int64_t first, int64_t last) {
         }
         for (; o < last; o++) {
             const char *w = job->w + o * job->row_bytes;
-            kernel((int) job->n_in, w, x, job->xq_bytes, out + o, (size_t) job->ldy);
+            kernel((int) job->n_in, w, x, job->xq_bytes, yd, out + o, (size_t) job->ldy);
         }
     }
 }
@@ -213,34 +219,72 @@ int lsq_supports(int type) {
     return traits->vec_dot_type == GGML_TYPE_F32 || x->from_float != NULL;
 }
 
+// The block scales of Q8_0 activations (d) and Q8_1 ones (d, s) as floats, converted once for all
+// the weight rows that read them (exact: every half is a float); krows.c's kernels read them.
+static struct {
+    float *d;
+    int64_t capacity;
+} scales;
+
+// Floats per activation block in `scales` for activations of type t.
+static int scale_floats(enum ggml_type t) { return t == GGML_TYPE_Q8_0 ? 1 : t == GGML_TYPE_Q8_1 ? 2 : 0; }
+
+// The scales of the rows xq of type t (Q8_0 or Q8_1) into `scales`; NULL if it cannot grow.
+static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in, int64_t rows) {
+    const int per_block = scale_floats(t);
+    const int64_t blocks = rows * (n_in / ggml_blck_size(t));
+    if (blocks * per_block > scales.capacity) {
+        float *d = realloc(scales.d, (size_t) (blocks * per_block) * sizeof(float));
+        if (!d) return NULL;
+        scales.d = d;
+        scales.capacity = blocks * per_block;
+    }
+    const size_t block_bytes = ggml_type_size(t);  // each block starts with its halves: d (then s)
+    for (int64_t b = 0; b < blocks; b++) {
+        const ggml_fp16_t *h = (const ggml_fp16_t *) (xq + b * block_bytes);
+        for (int k = 0; k < per_block; k++) scales.d[b * per_block + k] = ggml_fp16_to_fp32(h[k]);
+    }
+    return scales.d;
+}
+
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
-// vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32.
-static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch) {
+// vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
+// *yd: their block scales as floats where the type has them (block_scales), else NULL.
+static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch,
+                                  const float **yd) {
     enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot_type;
+    *yd = NULL;
     if (dot_type == GGML_TYPE_F32) return (const char *) x;
     ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
     if (!quantize) return NULL;
     size_t xq_bytes = ggml_row_size(dot_type, n_in);
     for (int64_t r = 0; r < rows; r++) quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
+    if (scale_floats(dot_type)) {
+        *yd = block_scales(dot_type, (const char *) scratch, n_in, rows);
+        if (!*yd) return NULL;
+    }
     return (const char *) scratch;
 }
 
-// y[r][0..n_out) = the activation rows xq (quantized by quantized_rows) times the n_out weight
-// rows of type `type` at w, transposed; y's rows are ldy floats apart (a column slice of a wider
-// output). `reference`: ggml's vec_dot for every output, on the calling thread (what the tests
-// compare the faster kernels with).
-static void product(int type, const void *w, int64_t n_out, int64_t n_in, const char *xq, int64_t rows,
-                    float *y, int64_t ldy, int reference) {
+// y[r][0..n_out) = the activation rows xq (quantized by quantized_rows, yd their scales) times the
+// n_out weight rows of type `type` at w, transposed; y's rows are ldy floats apart (a column slice
+// of a wider output). `reference`: ggml's vec_dot for every output, on the calling thread (what
+// the tests compare the faster kernels with).
+static void product(int type, const void *w, int64_t n_out, int64_t n_in, const char *xq, const float *yd,
+                    int64_t rows, float *y, int64_t ldy, int reference) {
     const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
     job_t *job = &pool.job;
     job->w = (const char *) w;
     job->row_bytes = ggml_row_size((enum ggml_type) type, n_in);
     job->xq = xq;
     job->xq_bytes = ggml_row_size(traits->vec_dot_type, n_in);
+    job->yd = yd;
+    job->yd_row = yd ? scale_floats(traits->vec_dot_type) * (n_in / ggml_blck_size(traits->vec_dot_type)) : 0;
     job->vec_dot = traits->vec_dot;
     // krows.c's and kpairs.c's kernels where the type has them, one row included (they ask for
     // the weights ahead, which vec_dot does not); else, and for `reference`, ggml's own vec_dot.
-    job->rows_kernels = reference ? NULL : lsq_rows_kernels(type);
+    job->rows_kernels = reference ? NULL : lsq_rows_kernels(type, 1);
+    job->cached_rows_kernels = reference ? NULL : lsq_rows_kernels(type, 0);
     job->pair_kernels = job->rows_kernels ? lsq_pair_kernels(type) : NULL;
     job->n_in = n_in;
     job->n_out = n_out;
@@ -265,9 +309,10 @@ static void product(int type, const void *w, int64_t n_out, int64_t n_in, const 
 static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
                   float *y, int64_t ldy, void *scratch, int reference) {
     if (!pool.ready || !ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot) return -1;
-    const char *xq = quantized_rows(type, n_in, x, rows, scratch);
+    const float *yd;
+    const char *xq = quantized_rows(type, n_in, x, rows, scratch, &yd);
     if (!xq) return -2;
-    product(type, w, n_out, n_in, xq, rows, y, ldy, reference);
+    product(type, w, n_out, n_in, xq, yd, rows, y, ldy, reference);
     return 0;
 }
 
@@ -281,16 +326,17 @@ int lsq_matmul_many(int count, const int *types, const void *const *ws, const in
     if (!pool.ready) return -1;
     int quantized_for = -1;
     const char *xq = NULL;
+    const float *yd = NULL;
     float *first = y;
     for (int i = 0; i < count; i++) {
         const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) types[i]);
         if (!traits->vec_dot) return -1;
         if ((int) traits->vec_dot_type != quantized_for) {
-            xq = quantized_rows(types[i], n_in, x, rows, scratch);
+            xq = quantized_rows(types[i], n_in, x, rows, scratch, &yd);
             if (!xq) return -2;
             quantized_for = (int) traits->vec_dot_type;
         }
-        product(types[i], ws[i], n_outs[i], n_in, xq, rows, y, ldy, 0);
+        product(types[i], ws[i], n_outs[i], n_in, xq, yd, rows, y, ldy, 0);
         y += n_outs[i];
     }
     if (residual) {
