@@ -340,6 +340,38 @@ def test_the_prompts_start_holds_while_typing_on_one_line(repo_tokens):
     assert len(set(shown)) > 1 and len(set(shown)) < len(shown)  # the check above saw both cases
 
 
+def test_lines_typed_below_the_rows_follow_the_middle_marker_and_leave_the_suffix_in_the_cache(
+    repo_tokens,
+):
+    """Typed line after line into a function, the prompt before ``<|fim_middle|>`` (the files, the
+    rows above, the suffix) stays token for token while the rows are kept, and the lines typed since
+    go after the marker, before the cursor's: a line's first keystroke prefills that line, where the
+    suffix (behind the rows in the prompt) would otherwise be prefilled again at every line. The
+    prompt is still the document's: the middle is the text just before the cursor."""
+    tokens = repo_tokens
+    text = (STDLIB / "json" / "encoder.py").read_text()
+    first = text.index("\n", text.index("def _make_iterencode(")) + 1
+    lines = text[first:].split("\n")[:12]
+    end = first + sum(len(line) + 1 for line in lines)
+    builder, typed, before, changes, deepest = ContextBuilder(), "", None, 0, 0
+    for line in lines:
+        for k in range(len(line) + 1):
+            document = text[:first] + typed + line[:k] + "\n" + text[end:]
+            cursor = first + len(typed) + k
+            req = ContextRequest(document, cursor, 512, uri="file:///w/json/encoder.py")
+            prompt = builder.build(req, tokens)
+            header, prefix, suffix, middle = split(prompt, tokens)
+            assert tokens.decode(prefix + middle) == prompt.text and prompt.text.endswith(prompt.line)
+            assert document[:cursor].endswith(prompt.line + prompt.healed)
+            assert suffix and document[cursor:].startswith(tokens.decode(suffix))
+            if before is not None and before != (header, prefix, suffix):
+                changes += 1  # the rows were chosen again: the middle starts at the cursor's line
+                assert "\n" not in prompt.line
+            before, deepest = (header, prefix, suffix), max(deepest, prompt.line.count("\n"))
+        typed += line + "\n"
+    assert changes <= 1 and deepest >= 8  # before the middle held those rows: 12 changes, one a line
+
+
 # -- the names ---------------------------------------------------------------------------------------
 
 

@@ -39,7 +39,12 @@ the old ones first.
 
 Models with fill-in-the-middle tokens (``fim.py``) also get the text after the cursor, within
 ``SUFFIX_SHARE`` of the budget, and the cursor's line goes after the middle marker, encoded apart
-(``FimTemplate.line_in_middle``), so that a keystroke leaves the suffix's tokens as they were.
+(``FimTemplate.line_in_middle``), so that a keystroke leaves the suffix's tokens as they were. The
+rows typed below the kept ones go there too, before the line (``Shown.middle_row``): at the prefix
+slot's end each new line would change the prompt before the suffix, whose tokens would then be
+prefilled again at each line's first keystroke; so the prefix slot changes only when the rows are
+chosen again. The model is asked for the middles that begin with those rows, as FIM training cuts
+middles of any length.
 The repository layout's own cost (the repository's name and the current file's path, with their
 markers) is counted like the FIM markers, outside the snippets' share; where it is over
 ``REPO_SHARE`` of the budget the prompt is the plain FIM one instead.
@@ -128,6 +133,9 @@ class Shown:
     # the snippet text (or the repository layout's text) the prompt began with: another one
     # changes the start anyway
     snippets: str
+    # FIM with the cursor's line after the middle marker: the first row that goes there too, set
+    # where the rows were chosen (the rows typed below them since follow the marker)
+    middle_row: int = 0
     headroom: int = 0  # tokens the prompt could still grow by before its rows are chosen again
     renew_below: int = 0  # less headroom than this: worth choosing them again while idle
 
@@ -143,14 +151,15 @@ class RepoLayout:
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str  # the prompt's text (with FIM: the prefix slot), minus ``healed``
+    text: str  # the prompt's text before the cursor, minus ``healed``
     healed: str = ""  # backed up from the end; the completion must start with it
     start: int = 0  # where the document text shown starts, in code points
     ids: tuple[int, ...] | None = None  # what the model is fed; None: tokenize ``text`` (plain window)
     suffix: str = ""  # FIM: the text after the cursor that the prompt shows
-    # FIM: the end of ``text`` that follows the middle marker (the cursor's line so far, minus
-    # ``healed``; ``fim.FimTemplate.line_in_middle``), or that an engine's own FIM takes after
-    # its marker (llama.cpp's ``/infill`` ``prompt``)
+    # FIM: the end of ``text`` that follows the middle marker (the rows typed below the kept ones
+    # and the cursor's line so far, minus ``healed``; ``fim.FimTemplate.line_in_middle``), or the
+    # cursor's line that an engine's own FIM takes after its marker (llama.cpp's ``/infill``
+    # ``prompt``)
     line: str = ""
     fim: str | None = None  # the FIM template's name, when one is used
     stop_strings: tuple[str, ...] = ()
@@ -267,15 +276,15 @@ class ContextBuilder:
         line = clean(cursor_text)
         line_ids = tokens.encode(line) if template is not None and template.line_in_middle else None
         head = snippet_text, cursor_text
-        rows, prefix, ids = self._rows(
+        rows, above = self._rows(
             request, window, outline, lines, row, head, key, tokens, rows_budget, room, line_ids
         )
         first_row = min(rows, default=row)
-        if len(ids) > room:  # the cursor's own line (or the headers) is more than the budget
-            prefix, ids = fit_exact(prefix, tokens, max(room, 0))
+        if len(above.ids) > room:  # the cursor's own line (or the headers) is more than the budget
+            above = _Above(*fit_exact(above.text, tokens, max(room, 0)))
             line_ids = None  # what is left of it stays in the prefix slot
 
-        end = _healed_end(prefix, ids, line, line_ids, request, tokens)
+        end = _healed_end(above, line, line_ids, request, tokens)
         ids = end.ids
         stops: tuple[str, ...] = ()
         if template is not None:
@@ -303,13 +312,22 @@ class ContextBuilder:
         head: tuple[str, str],
         tokens: Tokens,
         line_ids: list[int] | None,
-    ) -> tuple[str, list[int]]:
+        middle_row: int,
+    ) -> _Above:
         """The prompt's text before the cursor with ``rows`` shown, and its ids: one encoding, or,
-        where the cursor's line is encoded apart (``line_ids``), the rows' and then the line's."""
+        where the cursor's line is encoded apart (``line_ids``), the rows' above ``middle_row``,
+        then those from it on (every one of them shown), then the line's."""
         snippet_text, cursor_text = head
-        above = clean(snippet_text + render(rows, lines, min(rows, default=row), row))
-        prefix = above + clean(cursor_text)
-        return prefix, tokens.encode(prefix) if line_ids is None else tokens.encode(above) + line_ids
+        first = min(rows, default=row)
+        if line_ids is None:
+            prefix = clean(snippet_text + render(rows, lines, first, row) + cursor_text)
+            return _Above(prefix, tokens.encode(prefix))
+        above = clean(snippet_text + render(rows, lines, min(first, middle_row), middle_row))
+        middle = "".join(lines[middle_row:row])
+        middle_ids = tokens.encode(middle) + line_ids
+        return _Above(
+            above + middle + clean(cursor_text), tokens.encode(above) + middle_ids, middle, len(middle_ids)
+        )
 
     def _rows(
         self,
@@ -324,7 +342,7 @@ class ContextBuilder:
         rows_budget: int,
         room: int,
         line_ids: list[int] | None,
-    ) -> tuple[set[int], str, list[int]]:
+    ) -> tuple[set[int], _Above]:
         """The rows shown above the cursor, and the prompt's text before it and its ids: the rows
         the document's last prompt showed where they still fit (``Shown``) and what came before
         them (``key``) is unchanged, else rows chosen afresh (``budget.select_rows``), asking for
@@ -332,27 +350,31 @@ class ContextBuilder:
         uri, slack = request.uri, int(max(rows_budget, 0) * STICKY_SLACK)
         # A renewal keeps the rows an earlier one chose, while its prefill is not yet done.
         shown = self.renewing if request.renew_rows else self.shown
-        kept = self._kept_rows(shown.get(uri) if uri else None, window, lines, row, key)
-        if kept is not None:
-            prefix, ids = self._render(kept, lines, row, head, tokens, line_ids)
-            if len(ids) <= room:
-                self._remember(uri, window, lines, row, kept, key, (room - len(ids), slack), shown)
-                return kept, prefix, ids
+        last = shown.get(uri) if uri else None
+        kept = self._kept_rows(last, window, lines, row, key)
+        if kept is not None and last is not None:
+            middle_row = row if line_ids is None else last.middle_row - window.first_row
+            above = self._render(kept, lines, row, head, tokens, line_ids, middle_row)
+            if len(above.ids) <= room:
+                self._remember(
+                    uri, window, lines, (row, middle_row), kept, key, (room - len(above.ids), slack), shown
+                )
+                return kept, above
         if kept is not None or request.renew_rows:
             rows_budget -= slack  # typing outgrew them (or soon would): room to grow
             log.debug("%s: rows chosen again (%s)", uri, "renewed" if request.renew_rows else "outgrown")
         rows: set[int] = set()
-        prefix, ids = "", []
+        above = _Above("", [])
         for _ in range(4):
             rows = select_rows(outline, lines, tokens.count, max(rows_budget, 0))
-            prefix, ids = self._render(rows, lines, row, head, tokens, line_ids)
-            if len(ids) <= room:
+            above = self._render(rows, lines, row, head, tokens, line_ids, row)
+            if len(above.ids) <= room:
                 break
-            rows_budget -= len(ids) - room + 8  # pieces merged differently: ask for less
+            rows_budget -= len(above.ids) - room + 8  # pieces merged differently: ask for less
         if not request.renew_rows:
             self.renewing.pop(uri, None)  # outgrown first: what was renewed is older than these rows
-        self._remember(uri, window, lines, row, rows, key, (room - len(ids), slack), shown)
-        return rows, prefix, ids
+        self._remember(uri, window, lines, (row, row), rows, key, (room - len(above.ids), slack), shown)
+        return rows, above
 
     @staticmethod
     def _kept_rows(
@@ -364,7 +386,13 @@ class ContextBuilder:
         if shown is None or shown.snippets != snippet_text:
             return None
         cursor_row = window.first_row + row
-        if not window.first_row <= shown.cursor_row <= cursor_row <= shown.cursor_row + STICKY_ROWS:
+        if (
+            not window.first_row
+            <= shown.middle_row
+            <= shown.cursor_row
+            <= cursor_row
+            <= shown.cursor_row + STICKY_ROWS
+        ):
             return None
         kept = {r - window.first_row for r in shown.rows}
         if any(r < 0 for r in kept) or "".join(lines[r] for r in sorted(kept)) != shown.text:
@@ -376,15 +404,16 @@ class ContextBuilder:
         uri: str,
         window: Window,
         lines: list[str],
-        row: int,
+        rows_at: tuple[int, int],
         rows: set[int],
         snippets: str,
         room: tuple[int, int],
         shown: dict[str, Shown],
     ) -> None:
-        """Keeps the rows shown in ``shown`` (``room``: the prompt's headroom, and what choosing
-        its rows again would free); none where they did not fit."""
-        headroom, slack = room
+        """Keeps the rows shown in ``shown`` (``rows_at``: the cursor's row and the middle's first;
+        ``room``: the prompt's headroom, and what choosing its rows again would free); none where
+        they did not fit."""
+        (row, middle_row), (headroom, slack) = rows_at, room
         if not uri or headroom < 0:
             shown.pop(uri, None)
             return
@@ -396,6 +425,7 @@ class ContextBuilder:
             snippets=snippets,
             headroom=headroom,
             renew_below=min(slack, max(slack // 3, RESERVE_STEP)),
+            middle_row=window.first_row + middle_row,
         )
 
     def _outline(
@@ -611,6 +641,18 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class _Above:
+    """The prompt's text before the cursor and its ids; where the cursor's line goes after the
+    middle marker, the rows that go there before it: their text, and how many ids the middle
+    holds (the end of ``ids``: those rows', then the line's)."""
+
+    text: str
+    ids: list[int]
+    middle: str = ""
+    middle_ids: int = 0
+
+
+@dataclass(frozen=True)
 class _End:
     """The prompt's end, healed: the text before the cursor and the ids of the prefix slot, the
     ids after the middle marker and the line they hold, and the text healing backed up over."""
@@ -623,22 +665,20 @@ class _End:
 
 
 def _healed_end(
-    prefix: str,
-    ids: list[int],
-    line: str,
-    line_ids: list[int] | None,
-    request: ContextRequest,
-    tokens: Tokens,
+    above: _Above, line: str, line_ids: list[int] | None, request: ContextRequest, tokens: Tokens
 ) -> _End:
     """Heal the prompt's end: the cursor's ``line`` alone where it goes after the middle marker
-    (``line_ids``, the end of ``ids``), else the whole prefix; ``line`` is kept for an engine's own
-    FIM, which takes the cursor's line apart."""
+    (``line_ids``, the end of ``above.ids``), else the whole prefix; ``line`` is kept for an
+    engine's own FIM, which takes the cursor's line apart."""
+    prefix, ids = above.text, above.ids
     if line_ids is not None:
-        above = prefix[: len(prefix) - len(line)]
+        start = len(ids) - above.middle_ids
+        before = prefix[: len(prefix) - len(line)]
         line, middle, healed = (
             _healed(line, line_ids, tokens, whole=True) if request.heal else (line, line_ids, "")
         )
-        return _End(above + line, ids[: len(ids) - len(line_ids)], middle, line, healed)
+        rows = ids[start : len(ids) - len(line_ids)]
+        return _End(before + line, ids[:start], rows + middle, above.middle + line, healed)
     line_start = len(prefix) - len(line)
     prefix, ids, healed = _healed(prefix, ids, tokens) if request.heal else (prefix, ids, "")
     line = prefix[min(max(line_start, 0), len(prefix)) :] if request.engine_suffix else ""

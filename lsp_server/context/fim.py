@@ -14,9 +14,11 @@ end (``line_in_middle``)::
 
 At the prefix slot's end each keystroke would change the prompt before the suffix, whose tokens
 (up to a quarter of the budget) would then be prefilled again at every keystroke; after the
-marker they are prefilled once per line. The model's distribution is the one it was trained on:
-FIM training cuts the middle at arbitrary characters, so this asks for the middles that begin
-with the line typed so far. It is also what llama.cpp's ``/infill`` documents for its ``prompt``
+marker they are prefilled once per line, and not even that where the lines typed below the
+prompt's rows go there too (``builder.py``: the prefix slot then changes only when the rows are
+chosen again). The model's distribution is the one it was trained on: FIM training cuts the
+middle at arbitrary characters, so this asks for the middles that begin with the text typed
+since. It is also what llama.cpp's ``/infill`` documents for its ``prompt``
 field, which llama.vim and llama.vscode fill with that line (its code, build 11434, appends it to
 the prefix instead: ggml-org/llama.cpp#22678, and pays the suffix's prefill at each keystroke).
 
