@@ -5,6 +5,7 @@ These use the real SmolLM2 tokenizer (no model weights), so token counts are the
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 import sysconfig
@@ -383,6 +384,29 @@ def test_a_fim_prompt_heals_the_prefix_and_keeps_the_budget(fim_tokenizers):
     assert prompt.line + prompt.healed == "result = comp"
     middle = list(prompt.ids).index(tokens.special_id("<|fim_middle|>"))
     assert list(prompt.ids)[middle + 1 :] == tokens.encode(prompt.line)
+
+
+def test_keystrokes_on_one_line_encode_the_fim_suffix_once(fim_tokenizers):
+    """The suffix is the same text at every keystroke on a line (and on the new line below it);
+    fitting it to its share encodes it a line shorter at a time, so it is encoded once for all of
+    them (``Tokens.ids``), not again at each keystroke, and every prompt shows it whole."""
+    base = Tokens.from_tokenizer(fim_tokenizers["qwen"])
+    calls: collections.Counter[str] = collections.Counter()
+
+    def encode(text: str) -> list[int]:
+        calls[text] += 1
+        return base.encode(text)
+
+    tokens = Tokens(encode=encode, decode=base.decode, vocab=base.vocab)
+    body = "\n".join(f"x_{i} = {i}" for i in range(200)) + "\n"
+    start, builder, suffixes = len(body), ContextBuilder(), set()
+    for k in range(len("total = x_1 + x_2") + 1):
+        text = body + "total = x_1 + x_2"[:k] + "\n" + "\n".join(f"y_{i} = {i}" for i in range(300))
+        prompt = builder.build(ContextRequest(text, start + k, 256, uri="file:///s.py"), tokens)
+        assert prompt.fim == "qwen" and prompt.suffix.startswith("\ny_0 = 0\n")
+        suffixes.add(prompt.suffix)
+    (suffix,) = suffixes
+    assert calls[suffix] == 1 and max(calls[t] for t in calls if t.startswith("\ny_0")) == 1
 
 
 # -- snippets from other open documents -------------------------------------------------------------------

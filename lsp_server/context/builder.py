@@ -324,9 +324,9 @@ class ContextBuilder:
             return _Above(prefix, tokens.encode(prefix))
         above = clean(snippet_text + render(rows, lines, min(first, middle_row), middle_row))
         middle = "".join(lines[middle_row:row])
-        middle_ids = tokens.encode(middle) + line_ids
+        middle_ids = tokens.ids(middle) + line_ids
         return _Above(
-            above + middle + clean(cursor_text), tokens.encode(above) + middle_ids, middle, len(middle_ids)
+            above + middle + clean(cursor_text), tokens.ids(above) + middle_ids, middle, len(middle_ids)
         )
 
     def _rows(
@@ -477,11 +477,11 @@ class ContextBuilder:
             newline = text.find("\n", end)
             end = len(text) if newline < 0 else newline + 1
         suffix = clean(text[offset:end])
-        ids = tokens.encode(suffix)
+        ids = tokens.ids(suffix)
         while len(ids) > budget and suffix:
             cut = suffix.rstrip("\n").rfind("\n")
             suffix = suffix[: cut + 1] if cut >= 0 else ""
-            ids = tokens.encode(suffix)
+            ids = tokens.ids(suffix)
         return suffix, ids
 
     def _after_cursor(

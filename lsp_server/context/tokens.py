@@ -23,6 +23,7 @@ class Tokens:
     # which rows fit come from this estimate; the prompt's own ids still come from ``encode``.
     estimate: Callable[[str], int] | None = None
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
+    _ids: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``, memoized for the current request's repeated pieces."""
@@ -34,6 +35,16 @@ class Tokens:
                 self._counts.clear()
             n = self._counts[text] = len(self.encode(text)) if text else 0
         return n
+
+    def ids(self, text: str) -> list[int]:
+        """``encode(text)``, memoized across requests: a FIM prompt's suffix is the same text at
+        every keystroke on a line, and fitting it to its share encodes it a line shorter at a time."""
+        found = self._ids.get(text)
+        if found is None:
+            if len(self._ids) > 256:
+                self._ids.clear()
+            found = self._ids[text] = tuple(self.encode(text))
+        return list(found)
 
     def special_id(self, marker: str) -> int | None:
         """The id of a marker token such as ``<fim_prefix>`` (or SentencePiece's ``▁<PRE>``)."""
