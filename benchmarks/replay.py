@@ -714,6 +714,8 @@ def summarize(
             "from_chain": (s.get("reuse") or {}).get("from_chain"),
             "budget_exhausted": s.get("budget_exhausted"),
             "phases_mean_ms": {k: v.get("mean") for k, v in (s.get("phases_ms") or {}).items()},
+            # every request job that ran, superseded ones included: its wait for the worker
+            "queued_ms": s.get("queued_ms"),
             "workspace_index": {
                 k: v for k, v in (s.get("workspace_index") or {}).items() if k in WORKSPACE_KEYS
             },
@@ -782,6 +784,11 @@ def format_phases(summary: dict[str, dict[str, Any]]) -> str:
     for name, s in summary.items():
         phases = s["phases_mean_ms"]
         lines.append(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
+    lines.append("queued before the worker took it, every request job that ran: p50, p95, max (count)")
+    for name, s in summary.items():
+        queued = s.get("queued_ms") or {}
+        if queued:
+            lines.append(f"  {name}: {queued['p50']}, {queued['p95']}, {queued['max']} ({queued['count']})")
     lines.append("resident MB: when ready, at the end, peak")
     for name, s in summary.items():
         memory = s.get("memory") or {}

@@ -29,6 +29,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
@@ -43,6 +44,7 @@ Status = Literal["done", "superseded", "cancelled", "failed", "expired"]
 
 
 FAULTS_ENV = "LSP_SERVER_TEST_FAULTS"
+WAITS_WINDOW = 2000  # the most recent request jobs whose waits ``Scheduler.waits_ms`` keeps
 
 
 class InjectedFault(RuntimeError):
@@ -160,6 +162,10 @@ class Scheduler:
         self._closed = False
         self._lock = threading.Lock()
         self._faults = _Faults(os.environ.get(FAULTS_ENV))
+        # How long each request job that started waited for the worker, superseded ones included:
+        # a keystroke's wait behind the work it superseded, which an answer's phases cannot show
+        # (a superseded request is answered before its job ends). Appended on the worker thread.
+        self.waits_ms: deque[float] = deque(maxlen=WAITS_WINDOW)
 
     # -- event loop side ---------------------------------------------------------------------
     async def run(
@@ -276,6 +282,8 @@ class Scheduler:
                 status = "superseded" if ticket.superseded else "cancelled"
                 ticket.resolve(Outcome(status, queued_ms=queued_ms))
                 continue
+            if not ticket.background:
+                self.waits_ms.append(queued_ms)
             try:
                 stop = ticket.should_stop if ticket.background else self._faults.wrap(ticket.should_stop)
                 value = job(stop)

@@ -25,7 +25,7 @@ from lsp_server.local.loading import import_decoding
 from lsp_server.model_host import ModelHost
 from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
 from lsp_server.scheduler import Scheduler
-from lsp_server.stats import ServerStats, process_memory
+from lsp_server.stats import ServerStats, distribution, process_memory
 from lsp_server.workspace import WATCHED_GLOB, WorkspaceLimits, uri_paths, workspace_roots
 
 if TYPE_CHECKING:
@@ -278,6 +278,7 @@ def _session_features(server: CompletionServer) -> None:
             "endpoint": ls.host.endpoint_snapshot(),
             "draft_sources": ls.service.idle.sources.snapshot(),
             "workspace_index": ls.service.workspace.snapshot(),
+            "queued_ms": distribution(list(ls.scheduler.waits_ms)),
             "process": process_memory(),
             "position_encoding": _value(ls.workspace.position_encoding),
             "version": __version__,

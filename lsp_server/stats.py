@@ -21,6 +21,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(ordered[rank - 1], 2)
 
 
+def distribution(values: list[float]) -> dict[str, float | int | None]:
+    """The median, the 95th percentile and the largest of ``values``, and how many there are."""
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": round(max(values), 2) if values else None,
+        "count": len(values),
+    }
+
+
 def process_memory(pid: int | None = None) -> dict[str, float | None]:
     """Resident memory now and at its peak, in MB, of this process (what the server costs the
     machine it shares with the editor) or of process ``pid``. Read from ``/proc`` (Linux); for

@@ -228,11 +228,15 @@ def test_a_greedy_draft_rides_on_the_prefill_while_healing_owes_text(targets):
     required = engine.decode(truth[:1])
     drafter = RejectAt(truth + [0] * 8, len(prompt), None, length=4)
     fed = record_fed_lengths(engine)
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=6, required_prefix=required), drafter)
+    one_pass = {"prefill_chunk": 256, "prefill_ms": None}  # the prompt in one pass: fed[0] is all of it
+    config = GenerationConfig(max_new_tokens=6, required_prefix=required, **one_pass)
+    result = engine.generate(prompt, config, drafter)
     assert fed[0] == len(prompt) + 4
     assert result.token_ids == truth
     fed.clear()
-    sampled = GenerationConfig(max_new_tokens=6, required_prefix=required, temperature=0.8, seed=1)
+    sampled = GenerationConfig(
+        max_new_tokens=6, required_prefix=required, temperature=0.8, seed=1, **one_pass
+    )
     engine.generate(prompt, sampled, drafter)
     assert fed[0] == len(prompt)
 

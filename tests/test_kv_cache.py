@@ -150,7 +150,8 @@ def test_without_a_key_nothing_is_kept(target):
 
 
 def test_the_memory_budget_holds_over_many_documents_and_evicts_the_oldest(target):
-    config = GenerationConfig(max_new_tokens=4)
+    # one prefill pass each: a cache's size then does not depend on how the pace split the prompt
+    config = GenerationConfig(max_new_tokens=4, prefill_ms=None)
     probe = PrefixCache(1 << 40)
     engine = SpeculativeEngine(loaded(target), prefix_cache=probe)
     engine.generate(list(range(40)), config, cache_key="probe")
@@ -193,7 +194,7 @@ def test_a_cancelled_prefill_stops_between_chunks_and_keeps_what_it_prefilled(ta
         calls["n"] += 1
         return calls["n"] >= 3  # the check before generation, then after chunk 1 and chunk 2
 
-    config = GenerationConfig(max_new_tokens=8, prefill_chunk=16)
+    config = GenerationConfig(max_new_tokens=8, prefill_chunk=16, prefill_ms=None)  # chunks of 16
     result = engine.generate(prompt, config, cancel=cancel_after_two_chunks, cache_key="d")
     assert result.stop_reason == "cancelled" and result.token_ids == []
     assert store.snapshot()["entries"] == 1
@@ -244,7 +245,10 @@ def test_a_cancel_from_another_thread_during_a_long_prefill_takes_effect_between
 
     engine._forward = counting_forward
     result = engine.generate(
-        prompt, GenerationConfig(max_new_tokens=8, prefill_chunk=8), cancel=stop, cache_key="d"
+        prompt,
+        GenerationConfig(max_new_tokens=8, prefill_chunk=8, prefill_ms=None),  # chunks of 8
+        cancel=stop,
+        cache_key="d",
     )
     assert result.stop_reason == "cancelled"
     assert chunks["n"] == 2  # stopped right after the chunk in flight, not after all 25

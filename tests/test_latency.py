@@ -107,12 +107,12 @@ def test_a_pass_that_runs_slower_shrinks_the_next_one_at_once():
     pace = PrefillPace()
     pace.record(64, 64 * 0.5)
     assert pace.tokens(PREFILL_PASS_MS, 256) == 100
-    pace.record(100, 100 * 5.0)
+    pace.record(100, 100 * 20.0)
     assert pace.tokens(PREFILL_PASS_MS, 256) == MIN_PREFILL_TOKENS
-    pace.record(16, 16 * 0.5)
-    assert 0.5 < pace.token_ms < 5.0
+    pace.record(MIN_PREFILL_TOKENS, MIN_PREFILL_TOKENS * 0.5)
+    assert 0.5 < pace.token_ms < 20.0
     settled = pace.token_ms
-    pace.record(4, 4 * 100.0)  # a short pass is mostly fixed cost: not counted per token
+    pace.record(MIN_PREFILL_TOKENS - 1, 300.0)  # a short pass is mostly fixed cost: not counted
     assert pace.token_ms == settled
 
 
@@ -150,7 +150,12 @@ def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
     engine = SpeculativeEngine(loaded(model), prefix_cache=PrefixCache(64 * MB))
     machine = SlowMachine(engine, per_token_ms=0.0, per_pass_ms=100.0)
     due_ms = 100.0 * due_after_passes
-    config = GenerationConfig(max_new_tokens=48, answer_due=lambda: machine.now_ms >= due_ms)
+
+    def due() -> bool:
+        return machine.now_ms >= due_ms
+
+    # the prompt in one pass, so that the passes counted are the decode's (pacing is tested above)
+    config = GenerationConfig(max_new_tokens=48, answer_due=due, prefill_ms=None)
     result = engine.generate(prompt, config, cache_key="d")
     line_ends = [11, 18, 25]
     kept = line_ends[lines - 1]

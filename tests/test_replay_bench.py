@@ -80,6 +80,10 @@ def test_the_replay_records_every_request_for_every_configuration(tmp_path):
     assert payload["summary"]["baseline"]["tokens_per_pass_after_prefill"] == 1.0
     assert payload["summary"]["shipped"]["tokens_per_pass_after_prefill"] >= 1.0
     assert "after prefill" in done.stdout
+    for config in ("shipped", "baseline"):  # every request job that ran, superseded ones too
+        queued = payload["summary"][config]["queued_ms"]
+        assert 0 < queued["count"] <= keystrokes and 0 <= queued["p50"] <= queued["p95"] <= queued["max"]
+    assert "queued before the worker took it" in done.stdout
     for config in ("shipped", "baseline"):  # each server's own resident memory, from its stats
         memory = payload["summary"][config]["memory"]
         assert 100 < memory["ready_rss_mb"] <= memory["peak_rss_mb"]

@@ -71,6 +71,21 @@ async def test_a_newer_request_supersedes_the_running_one_at_once(scheduler):
     assert not scheduler._active  # nothing of either job is kept
 
 
+async def test_each_request_job_that_runs_records_its_wait_and_background_work_does_not(scheduler):
+    """``waits_ms`` (the server's ``queued_ms``): the time each request job waited for the worker,
+    a superseded one's too (its answer went out before its job ended, so no answer's phases hold
+    it); the replay's measure of a keystroke's wait behind the work it superseded. A job given up
+    on while queued never ran, and background work is no request."""
+    old = SpinJob()
+    first = asyncio.ensure_future(scheduler.run("doc", old))
+    await wait_started(old)
+    second = asyncio.ensure_future(scheduler.run("doc", SpinJob(steps=2)))
+    assert (await asyncio.wait_for(first, GUARD_S)).status == "superseded"
+    assert (await asyncio.wait_for(second, GUARD_S)).status == "done"
+    assert (await asyncio.wait_for(scheduler.run_background(SpinJob(steps=2)), GUARD_S)).status == "done"
+    assert len(scheduler.waits_ms) == 2 and min(scheduler.waits_ms) >= 0
+
+
 async def test_jobs_on_different_documents_do_not_supersede_each_other(scheduler):
     jobs = [SpinJob(steps=5), SpinJob(steps=5)]
     outcomes = await asyncio.wait_for(
