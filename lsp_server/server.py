@@ -219,11 +219,12 @@ def create_server(cli: Layered) -> CompletionServer:
     _shutdown_features(server)
     _completion_features(server)
     _workspace_features(server)
+    _stats_feature(server)
     return server
 
 
 def _session_features(server: CompletionServer) -> None:
-    """Initialization, settings, document close and stats."""
+    """Initialization, settings and document close."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CompletionServer, params: types.InitializeParams) -> None:
@@ -265,6 +266,10 @@ def _session_features(server: CompletionServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: CompletionServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.service.forget(params.text_document.uri)
+
+
+def _stats_feature(server: CompletionServer) -> None:
+    """The stats request: what the server has done and holds, for benchmarks and diagnostics."""
 
     @server.feature(STATS_METHOD)
     def stats(ls: CompletionServer, params: Any) -> dict[str, Any]:

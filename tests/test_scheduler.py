@@ -74,8 +74,8 @@ async def test_a_newer_request_supersedes_the_running_one_at_once(scheduler):
 async def test_each_request_job_that_runs_records_its_wait_and_background_work_does_not(scheduler):
     """``waits_ms`` (the server's ``queued_ms``): the time each request job waited for the worker,
     a superseded one's too (its answer went out before its job ended, so no answer's phases hold
-    it); the replay's measure of a keystroke's wait behind the work it superseded. A job given up
-    on while queued never ran, and background work is no request."""
+    it); the replay's measure of a keystroke's wait behind the work it superseded. Background work
+    is no request."""
     old = SpinJob()
     first = asyncio.ensure_future(scheduler.run("doc", old))
     await wait_started(old)
