@@ -15,7 +15,7 @@ import pytest
 
 from decoding.engine.kv_cache import PrefixCache
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.pacing import MIN_PREFILL_TOKENS, PREFILL_PASS_MS, PrefillPace
+from decoding.engine.pacing import COLD_PREFILL_TOKENS, LONGEST_PASS_MS, PREFILL_PASS_MS, PrefillPace
 from tests.reference import plain_greedy
 from tests.tiny_models import loaded, tiny_model
 
@@ -58,8 +58,9 @@ def prompt_of(length: int, seed: int = 3) -> list[int]:
 @pytest.mark.parametrize("per_token_ms", [AVX2_MS_PER_TOKEN, 2.0, 0.01])
 def test_prefill_passes_are_sized_by_their_measured_time(target, per_token_ms):
     """A cold engine's first pass is the safe minimum; each later one holds as many tokens as fit
-    in the target time at the pace measured so far, at least the minimum, at most the old count.
-    Exact whatever the passes: the tokens are plain greedy's."""
+    in the target time at the pace measured so far, at least the minimum (the fixed part of a
+    pass is not measured yet), at most the old count. Exact whatever the passes: the tokens are
+    plain greedy's."""
     engine = SpeculativeEngine(loaded(target))
     machine = SlowMachine(engine, per_token_ms)
     prompt = prompt_of(600)
@@ -67,16 +68,74 @@ def test_prefill_passes_are_sized_by_their_measured_time(target, per_token_ms):
     assert result.token_ids == plain_greedy(target, prompt, 4)
     prefill = machine.fed[: len(machine.fed) - 3]  # then three one-token steps
     assert sum(prefill) == len(prompt)
-    fitting = min(256, max(MIN_PREFILL_TOKENS, int(PREFILL_PASS_MS / per_token_ms)))
-    assert prefill[0] == MIN_PREFILL_TOKENS
+    fitting = min(256, max(COLD_PREFILL_TOKENS, int(PREFILL_PASS_MS / per_token_ms)))
+    assert prefill[0] == COLD_PREFILL_TOKENS
     assert all(n == fitting for n in prefill[1:-1]), prefill
-    assert prefill[-1] <= fitting + MIN_PREFILL_TOKENS
+    assert prefill[-1] <= fitting + COLD_PREFILL_TOKENS
+
+
+# (fixed ms per pass, ms per token, tokens per pass once both are measured): the 0.5B replica on
+# the AVX2 EPYC (about 20 + 8.6 per token: the target fits 3, a fixed third needs 5, and 5 fit in
+# 80 ms); the 1.5B (30 + 20: half the pass fixed at 2 tokens); a fast machine (96 fit in 50 ms);
+# a hopeless one (100 + 5: half the pass fixed at 20 tokens, longer than 80 ms).
+MACHINES = [(20.0, 8.6, 5), (30.0, 20.0, 2), (2.0, 0.5, 96), (100.0, 5.0, 20)]
+
+
+@pytest.mark.parametrize(("per_pass_ms", "per_token_ms", "expected"), MACHINES)
+def test_once_decode_steps_measure_the_fixed_part_passes_fit_it(target, per_pass_ms, per_token_ms, expected):
+    """Every pass costs a fixed part (the weights read once) and a part per token. The decode steps
+    of a first request measure the fixed part, so the next request's prefill passes hold as many
+    tokens as fit in the target time after it, at least enough that it is at most a third of the
+    pass while that fits in ``LONGEST_PASS_MS``, and at least half the pass whatever the machine.
+    Exact whatever the passes."""
+    engine = SpeculativeEngine(loaded(target))
+    machine = SlowMachine(engine, per_token_ms, per_pass_ms)
+    engine.generate(prompt_of(300, seed=1), GenerationConfig(max_new_tokens=8))
+    assert engine.pace.fixed_ms is not None
+    machine.fed.clear()
+    prompt = prompt_of(300, seed=2)
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=8))
+    assert result.token_ids == plain_greedy(target, prompt, 8)
+    prefill = machine.fed[: len(machine.fed) - 7]
+    assert sum(prefill) == len(prompt)
+    settled = prefill[len(prefill) // 2 : -1]
+    assert all(abs(n - expected) <= max(1, expected // 8) for n in settled), prefill
+    assert PrefillPace(fixed_ms=per_pass_ms, token_ms=per_token_ms).tokens(PREFILL_PASS_MS, 256) == expected
+
+
+def test_a_cancel_waits_at_most_the_longest_pass_once_the_fixed_part_is_known(target):
+    """On the 0.5B replica's pace (20 ms per pass plus 8.6 per token) a keystroke arriving in a
+    warm engine's prefill waits for a pass of at most ``LONGEST_PASS_MS``, not the cold minimum's
+    158 ms; what was prefilled is kept."""
+    engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
+    machine = SlowMachine(engine, 8.6, per_pass_ms=20.0)
+    engine.generate(prompt_of(100, seed=1), GenerationConfig(max_new_tokens=8), cache_key="e")
+    stop = threading.Event()
+    keystroke_ms = machine.now_ms + 500.0
+    waited: list[float] = []
+
+    def keystroke(start: float, end: float) -> None:
+        if start <= keystroke_ms < end:
+            stop.set()
+            waited.append(end - keystroke_ms)
+
+    machine.during = keystroke
+    before = len(machine.fed)
+    prompt = prompt_of(600)
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cancel=stop, cache_key="d")
+    assert result.stop_reason == "cancelled"
+    (wait,) = waited
+    assert 0 < wait <= LONGEST_PASS_MS
+    prefilled = sum(machine.fed[before:])
+    resumed = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="d")
+    assert resumed.stats.reused_tokens == prefilled
+    assert resumed.token_ids == plain_greedy(target, prompt, 4)
 
 
 def test_a_cancel_on_a_slow_cpu_waits_for_one_short_pass_not_a_long_one(target):
-    """On the AVX2 machine's pace a newer keystroke arriving mid-prefill stops it after the pass in
-    flight, which is the minimum pass there (the old fixed count of 256 tokens took ~2 s); what
-    was prefilled is kept for the next request."""
+    """On the AVX2 machine's pace a newer keystroke arriving mid-prefill of a cold engine stops it
+    after the pass in flight, which is the cold minimum there (the old fixed count of 256 tokens
+    took ~2 s); what was prefilled is kept for the next request."""
     engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
     machine = SlowMachine(engine, AVX2_MS_PER_TOKEN)
     stop = threading.Event()
@@ -92,9 +151,9 @@ def test_a_cancel_on_a_slow_cpu_waits_for_one_short_pass_not_a_long_one(target):
     prompt = prompt_of(600)
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cancel=stop, cache_key="d")
     assert result.stop_reason == "cancelled"
-    assert machine.fed[-1] <= MIN_PREFILL_TOKENS  # the pass in flight when the key came
+    assert machine.fed[-1] <= COLD_PREFILL_TOKENS  # the pass in flight when the key came
     (wait,) = waited
-    assert wait <= MIN_PREFILL_TOKENS * AVX2_MS_PER_TOKEN
+    assert wait <= COLD_PREFILL_TOKENS * AVX2_MS_PER_TOKEN
     prefilled = sum(machine.fed)
     resumed = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cache_key="d")
     assert resumed.stats.reused_tokens == prefilled
@@ -108,12 +167,19 @@ def test_a_pass_that_runs_slower_shrinks_the_next_one_at_once():
     pace.record(64, 64 * 0.5)
     assert pace.tokens(PREFILL_PASS_MS, 256) == 100
     pace.record(100, 100 * 20.0)
-    assert pace.tokens(PREFILL_PASS_MS, 256) == MIN_PREFILL_TOKENS
-    pace.record(MIN_PREFILL_TOKENS, MIN_PREFILL_TOKENS * 0.5)
+    assert pace.tokens(PREFILL_PASS_MS, 256) == COLD_PREFILL_TOKENS
+    pace.record(COLD_PREFILL_TOKENS, COLD_PREFILL_TOKENS * 0.5)
     assert 0.5 < pace.token_ms < 20.0
     settled = pace.token_ms
-    pace.record(MIN_PREFILL_TOKENS - 1, 300.0)  # a short pass is mostly fixed cost: not counted
+    pace.record(COLD_PREFILL_TOKENS - 1, 300.0)  # its fixed part unknown, a short pass says little
     assert pace.token_ms == settled
+    pace.record(1, 40.0)  # a decode step: the fixed part, which shrinks what a token costs
+    assert pace.fixed_ms == pytest.approx(40.0 - settled)
+    pace.record(8, pace.fixed_ms + 8 * 30.0)
+    assert pace.token_ms == pytest.approx(30.0)
+    pace.record(1, 200.0)
+    assert pace.fixed_ms == pytest.approx(170.0)
+    assert pace.tokens(PREFILL_PASS_MS, 256) == 6  # a fixed part of at most half the pass
 
 
 def test_fixed_passes_where_asked(target):

@@ -256,7 +256,7 @@ class SpeculativeEngine:
         if config.prefill_ms is None:
             return min(total, done + most)
         end = min(total, done + self.pace.tokens(config.prefill_ms, most))
-        if total - end < self.pace.min_tokens and total - done <= most:
+        if total - done <= most and self.pace.joins(total - end, total - done):
             end = total
         return end
 
@@ -386,14 +386,15 @@ class SpeculativeEngine:
         draft = Draft()
         if run.drafter is not None and remaining > 1 and self._may_draft(run):
             draft = self._propose(run, run.prompt + run.generated, remaining, run.cache)
-        pass_started = time.perf_counter()
+        pass_started = self.pace.clock()
         allowed = self._masks(run.healing, draft)
         logits = self._forward(
             [run.generated[-1]] + draft.tokens, run.cache, run.sampling.greedy, allowed=allowed
         )
         verdict = self._verify(run, draft, logits)
-        pass_ms = (time.perf_counter() - pass_started) * 1000
+        pass_ms = (self.pace.clock() - pass_started) * 1000
         self.cost.record(len(draft) + 1, pass_ms)
+        self.pace.record(len(draft) + 1, pass_ms)
         run.stats.verify_ms += pass_ms
         run.stats.target_passes += 1
         rejected = len(draft) - verdict.accepted

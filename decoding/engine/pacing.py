@@ -4,17 +4,23 @@ The engine checks for a cancel (a newer keystroke, a spent budget, a request pre
 work) only between target passes, so the longest pass is the longest a user can be kept waiting
 behind stale work. A fixed token count per prefill pass makes that wait scale with the CPU's
 slowness: a count that takes a fraction of a second on one machine takes seconds on another. Here
-each pass's size comes from the time per prompt token measured on the passes before it, so that a
-pass takes about ``PREFILL_PASS_MS`` wherever it runs.
+a pass's time is modelled as a fixed part (the per-operation overhead and the weights read once
+per pass, measured on the decode steps that carry no draft) plus a part per prompt token
+(measured on the prefill passes), and each pass gets as many tokens as fit in
+``PREFILL_PASS_MS`` wherever it runs.
 
-Smaller passes cost throughput: every pass pays a fixed part (the per-operation overhead and the
-weights read once per pass) that a long pass spreads over more tokens. ``MIN_PREFILL_TOKENS``
-bounds that cost where even a short pass takes longer than the target (a slow CPU then waits for
-a pass of that many tokens, no more).
+Smaller passes cost throughput, since each pays the fixed part again. Where the fixed part is
+large (a model whose weights take a long time to read, a slow CPU), a pass gets at least enough
+tokens that the fixed part is at most half of it (a prefill at most twice as slow as in one long
+pass), and more, up to a fixed part of ``FIXED_SHARE``, while the pass stays within
+``LONGEST_PASS_MS``: that bounds both the prefill's slowdown and the cancel's wait.
+Before the fixed part is measured (the first prefill after a load) passes get at least
+``COLD_PREFILL_TOKENS``, the safe guess for a machine not yet measured.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,43 +29,68 @@ from decoding.drafters.length import ema
 
 # How long one prefill pass should take: the longest a cancel then waits for the pass in flight.
 PREFILL_PASS_MS = 50.0
-# The fewest prompt tokens per pass: below this a pass is mostly fixed cost, and a remainder
-# under it joins the pass before it (which also keeps a draft riding on a real prefill pass).
-MIN_PREFILL_TOKENS = 16
-# How much a pass that ran faster than expected moves the estimate; a slower one is taken at once,
+# Where fitting ``PREFILL_PASS_MS`` would leave the fixed part more than this share of a pass,
+# a pass gets more tokens (a prefill then at most 1.5 times as slow as in one long pass) ...
+FIXED_SHARE = 1 / 3
+# ... as long as it stays this short (a fixed part of more than half a pass is never kept).
+LONGEST_PASS_MS = 80.0
+# Tokens per pass until the fixed part is measured; a remainder under it joins the pass before it.
+COLD_PREFILL_TOKENS = 16
+# How much a pass that ran faster than expected moves an estimate; a slower one is taken at once,
 # since the machine getting busier is what a short cancel latency must survive.
 SPEEDUP_SMOOTHING = 0.3
 
 
+def _slower_at_once(old: float | None, new: float) -> float:
+    return new if old is None or new >= old else ema(old, new, SPEEDUP_SMOOTHING)
+
+
 @dataclass
 class PrefillPace:
-    """The measured time per prompt token of prefill passes, and the pass size it implies.
+    """A pass's time as ``fixed_ms`` plus ``token_ms`` per token fed, and the pass size it implies.
 
-    Before any pass is timed (a cold engine) a pass gets ``min_tokens``: the safe guess for a
-    machine not yet measured. Passes shorter than ``min_tokens`` are not recorded: their time is
-    mostly the fixed part, and counting it per token would shrink every later pass for nothing.
     ``clock`` is a parameter so that tests can run a slow machine deterministically.
     """
 
-    min_tokens: int = MIN_PREFILL_TOKENS
-    token_ms: float | None = None  # per prompt token, over passes of at least ``min_tokens``
+    fixed_ms: float | None = None  # what every pass costs, from one-token passes
+    token_ms: float | None = None  # each prompt token on top, from prefill passes
     clock: Callable[[], float] = field(default=time.perf_counter)
 
     def tokens(self, target_ms: float, most: int) -> int:
-        """Prompt tokens for the next pass: as many as fit in ``target_ms``, at least
-        ``min_tokens`` and at most ``most``."""
+        """Prompt tokens for the next pass: as many as fit in ``target_ms``, at least the floor
+        (``least``), at most ``most``."""
         if self.token_ms is None or self.token_ms <= 0:
-            fitting = self.min_tokens
+            fitting = 0
         else:
-            fitting = int(target_ms / self.token_ms + 1e-6)  # 50 / 2.0 is 25, not 24.999...
-        return max(1, min(most, max(self.min_tokens, fitting)))
+            fitting = int((target_ms - (self.fixed_ms or 0.0)) / self.token_ms + 1e-6)  # 50/2 is 25
+        return max(1, min(most, max(self.least(), fitting)))
+
+    def least(self) -> int:
+        """The fewest tokens a pass is given: enough that the fixed part is at most half of it,
+        and up to ``FIXED_SHARE`` of it while the pass still fits in ``LONGEST_PASS_MS``."""
+        if self.fixed_ms is None or self.token_ms is None or self.token_ms <= 0:
+            return COLD_PREFILL_TOKENS
+        half = math.ceil(self.fixed_ms / self.token_ms - 1e-6)
+        worth = math.ceil(self.fixed_ms * (1 - FIXED_SHARE) / FIXED_SHARE / self.token_ms - 1e-6)
+        fitting = int((LONGEST_PASS_MS - self.fixed_ms) / self.token_ms + 1e-6)
+        return max(1, half, min(worth, fitting))
+
+    def joins(self, rest: int, whole: int) -> bool:
+        """Whether a remainder of ``rest`` tokens joins the pass before it (``whole`` tokens
+        together): when it is under the floor and the joined pass is not too long, so that a
+        short tail does not pay the fixed part again (and a draft rides on a real pass)."""
+        if rest >= self.least():
+            return False
+        if self.fixed_ms is None or self.token_ms is None:
+            return True
+        return self.fixed_ms + whole * self.token_ms <= LONGEST_PASS_MS
 
     def record(self, tokens: int, ms: float) -> None:
-        """A prefill pass over ``tokens`` took ``ms``."""
-        if tokens < max(1, self.min_tokens):
-            return
-        per_token = ms / tokens
-        if self.token_ms is None or per_token >= self.token_ms:
-            self.token_ms = per_token
-        else:
-            self.token_ms = ema(self.token_ms, per_token, SPEEDUP_SMOOTHING)
+        """A pass over ``tokens`` took ``ms``: a one-token pass says what the fixed part is, a
+        longer one what a token adds to it. Before the fixed part is known only passes of at least
+        ``COLD_PREFILL_TOKENS`` count, their time all taken as per token (an overestimate, which
+        errs on the side of short passes)."""
+        if tokens == 1:
+            self.fixed_ms = _slower_at_once(self.fixed_ms, max(0.0, ms - tokens * (self.token_ms or 0.0)))
+        elif self.fixed_ms is not None or tokens >= COLD_PREFILL_TOKENS:
+            self.token_ms = _slower_at_once(self.token_ms, max(0.0, ms - (self.fixed_ms or 0.0)) / tokens)
