@@ -5,8 +5,8 @@ work) only between target passes, so the longest pass is the longest a user can 
 behind stale work. A fixed token count per prefill pass makes that wait scale with the CPU's
 slowness: a count that takes a fraction of a second on one machine takes seconds on another. Here
 a pass's time is modelled as a fixed part (the per-operation overhead and the weights read once
-per pass, measured on the decode steps that carry no draft) plus a part per prompt token
-(measured on the prefill passes), and each pass gets as many tokens as fit in
+per pass, measured on the decode steps that carry no draft) plus a part per token (measured on
+passes of several tokens), and each pass gets as many tokens as fit in
 ``PREFILL_PASS_MS`` wherever it runs.
 
 Smaller passes cost throughput, since each pays the fixed part again. Where the fixed part is
@@ -21,11 +21,11 @@ Before the fixed part is measured (the first prefill after a load) passes get at
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from decoding.drafters.length import ema
 
 # How long one prefill pass should take: the longest a cancel then waits for the pass in flight.
 PREFILL_PASS_MS = 50.0
@@ -36,13 +36,15 @@ FIXED_SHARE = 1 / 3
 LONGEST_PASS_MS = 80.0
 # Tokens per pass until the fixed part is measured; a remainder under it joins the pass before it.
 COLD_PREFILL_TOKENS = 16
-# How much a pass that ran faster than expected moves an estimate; a slower one is taken at once,
-# since the machine getting busier is what a short cancel latency must survive.
-SPEEDUP_SMOOTHING = 0.3
-
-
-def _slower_at_once(old: float | None, new: float) -> float:
-    return new if old is None or new >= old else ema(old, new, SPEEDUP_SMOOTHING)
+# The fewest tokens of a pass that measures a token's part: passes of two or three run the kernels
+# for a few rows, dearer per row (the default model on the AVX2 EPYC: one token 9.3 ms, two 15.8,
+# four 19.0, eight 30.6).
+FEWEST_MEASURED_TOKENS = 4
+# Each estimate is the (lower) median of the last this many measurements, the fixed part's of at
+# least two: one hiccup (a first step's allocations, another program's burst) does not set the
+# pace, a machine getting busier does within three passes (what a short cancel latency must
+# survive).
+WINDOW = 5
 
 
 @dataclass
@@ -52,9 +54,21 @@ class PrefillPace:
     ``clock`` is a parameter so that tests can run a slow machine deterministically.
     """
 
-    fixed_ms: float | None = None  # what every pass costs, from one-token passes
-    token_ms: float | None = None  # each prompt token on top, from prefill passes
     clock: Callable[[], float] = field(default=time.perf_counter)
+    steps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # one-token passes
+    per_token_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # longer ones
+
+    @property
+    def token_ms(self) -> float | None:
+        """What a token adds to a pass."""
+        return statistics.median_low(self.per_token_ms) if self.per_token_ms else None
+
+    @property
+    def fixed_ms(self) -> float | None:
+        """What every pass costs: a one-token pass less its token."""
+        if len(self.steps_ms) < 2:
+            return None
+        return max(0.0, statistics.median_low(self.steps_ms) - (self.token_ms or 0.0))
 
     def tokens(self, target_ms: float, most: int) -> int:
         """Prompt tokens for the next pass: as many as fit in ``target_ms``, at least the floor
@@ -86,11 +100,11 @@ class PrefillPace:
         return self.fixed_ms + whole * self.token_ms <= LONGEST_PASS_MS
 
     def record(self, tokens: int, ms: float) -> None:
-        """A pass over ``tokens`` took ``ms``: a one-token pass says what the fixed part is, a
-        longer one what a token adds to it. Before the fixed part is known only passes of at least
-        ``COLD_PREFILL_TOKENS`` count, their time all taken as per token (an overestimate, which
-        errs on the side of short passes)."""
+        """A pass over ``tokens`` took ``ms``: a one-token pass says what the fixed part is, one
+        of at least ``FEWEST_MEASURED_TOKENS`` what a token adds to it. Before the fixed part is
+        known only passes of at least ``COLD_PREFILL_TOKENS`` count, their time all taken as per
+        token (an overestimate, which errs on the side of short passes)."""
         if tokens == 1:
-            self.fixed_ms = _slower_at_once(self.fixed_ms, max(0.0, ms - tokens * (self.token_ms or 0.0)))
-        elif self.fixed_ms is not None or tokens >= COLD_PREFILL_TOKENS:
-            self.token_ms = _slower_at_once(self.token_ms, max(0.0, ms - (self.fixed_ms or 0.0)) / tokens)
+            self.steps_ms.append(ms)
+        elif tokens >= (FEWEST_MEASURED_TOKENS if self.fixed_ms is not None else COLD_PREFILL_TOKENS):
+            self.per_token_ms.append(max(0.0, ms - (self.fixed_ms or 0.0)) / tokens)
