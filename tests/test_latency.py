@@ -103,6 +103,21 @@ def test_once_decode_steps_measure_the_fixed_part_passes_fit_it(target, per_pass
     assert measured(per_pass_ms, per_token_ms).tokens(PREFILL_PASS_MS, 256) == expected
 
 
+def key_at(machine: SlowMachine, key_ms: float) -> tuple[threading.Event, list[float]]:
+    """A keystroke at ``key_ms`` on the machine's clock: it sets the returned cancel event during
+    the pass in flight then, and records how long it waited for that pass to end."""
+    stop = threading.Event()
+    waited: list[float] = []
+
+    def keystroke(start: float, end: float) -> None:
+        if start <= key_ms < end:
+            stop.set()
+            waited.append(end - key_ms)
+
+    machine.during = keystroke
+    return stop, waited
+
+
 def test_a_cancel_waits_at_most_the_longest_pass_once_the_fixed_part_is_known(target):
     """On the 0.5B replica's pace (20 ms per pass plus 8.6 per token) a keystroke arriving in a
     warm engine's prefill waits for a pass of at most ``LONGEST_PASS_MS``, not the cold minimum's
@@ -110,16 +125,7 @@ def test_a_cancel_waits_at_most_the_longest_pass_once_the_fixed_part_is_known(ta
     engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
     machine = SlowMachine(engine, 8.6, per_pass_ms=20.0)
     engine.generate(prompt_of(100, seed=1), GenerationConfig(max_new_tokens=8), cache_key="e")
-    stop = threading.Event()
-    keystroke_ms = machine.now_ms + 500.0
-    waited: list[float] = []
-
-    def keystroke(start: float, end: float) -> None:
-        if start <= keystroke_ms < end:
-            stop.set()
-            waited.append(end - keystroke_ms)
-
-    machine.during = keystroke
+    stop, waited = key_at(machine, machine.now_ms + 500.0)
     before = len(machine.fed)
     prompt = prompt_of(600)
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cancel=stop, cache_key="d")
@@ -138,16 +144,7 @@ def test_a_cancel_on_a_slow_cpu_waits_for_one_short_pass_not_a_long_one(target):
     took ~2 s); what was prefilled is kept for the next request."""
     engine = SpeculativeEngine(loaded(target), prefix_cache=PrefixCache(64 * MB))
     machine = SlowMachine(engine, AVX2_MS_PER_TOKEN)
-    stop = threading.Event()
-    keystroke_ms = 500.0
-    waited: list[float] = []
-
-    def keystroke(start: float, end: float) -> None:
-        if start <= keystroke_ms < end:
-            stop.set()
-            waited.append(end - keystroke_ms)
-
-    machine.during = keystroke
+    stop, waited = key_at(machine, 500.0)
     prompt = prompt_of(600)
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=4), cancel=stop, cache_key="d")
     assert result.stop_reason == "cancelled"
