@@ -213,28 +213,30 @@ def liner():
     return model, prompt, truth
 
 
-@pytest.mark.parametrize(("due_after_passes", "lines"), [(21, 2), (1, 1)])
+@pytest.mark.parametrize(("due_after_passes", "lines", "answered_ms"), [(21, 2, 2100.0), (1, 1, 1200.0)])
 def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
-    liner, due_after_passes: int, lines: int
+    liner, due_after_passes: int, lines: int, answered_ms: float
 ):
-    """When the first answer is due (a pass takes 100 ms here), a multi-line generation ends
-    after its last whole line, never inside one: two lines when 21 tokens are decoded, else the
-    first line as soon as it is whole. Every token decoded stays on the document's greedy chain,
-    and the next request at the same place goes on from it, token for token plain greedy."""
+    """When the first answer is due (a pass takes 100 ms here, the answer is due halfway through
+    a pass), a multi-line generation ends after its last whole line, never inside one, and no
+    pass that would end past the due time is started: two lines when 21 tokens are decoded by
+    then, else the first line as soon as it is whole. Every token decoded stays on the
+    document's greedy chain, and the next request at the same place goes on from it, token for
+    token plain greedy."""
     model, prompt, truth = liner
     engine = SpeculativeEngine(loaded(model), prefix_cache=PrefixCache(64 * MB))
     machine = SlowMachine(engine, per_token_ms=0.0, per_pass_ms=100.0)
-    due_ms = 100.0 * due_after_passes
+    due_ms = 100.0 * due_after_passes + 50.0
 
-    def due() -> bool:
-        return machine.now_ms >= due_ms
+    def due(next_pass_ms: float) -> bool:
+        return machine.now_ms + next_pass_ms >= due_ms
 
-    # the prompt in one pass, so that the passes counted are the decode's (pacing is tested above)
     config = GenerationConfig(max_new_tokens=48, answer_due=due, prefill_ms=None)
     result = engine.generate(prompt, config, cache_key="d")
     line_ends = [11, 18, 25]
     kept = line_ends[lines - 1]
     assert result.stop_reason == "partial"
+    assert machine.now_ms == answered_ms
     assert result.token_ids == truth[:kept]
     assert result.text == engine.decode(truth[:kept]) and not result.text.endswith("\n")
     decoded = max(due_after_passes, kept + 1)  # the line end itself is decoded before it is cut at
@@ -247,5 +249,5 @@ def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
 def test_an_answer_not_due_waits_for_the_generation_to_end(liner):
     model, prompt, truth = liner
     engine = SpeculativeEngine(loaded(model))
-    result = engine.generate(prompt, GenerationConfig(max_new_tokens=48, answer_due=lambda: False))
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=48, answer_due=lambda _ms: False))
     assert result.stop_reason == "max_tokens" and result.token_ids == truth

@@ -73,12 +73,13 @@ class GenerationConfig:
     # Decoding ahead of the user (prefetch): the cache keeps its record of what was last asked,
     # which tells how far ahead of the user's text its chain already reaches.
     ahead: bool = False
-    # Polled between passes like the cancel check: once it says an answer is due (a first-answer
-    # budget ran out), a text that holds a whole line ends after its last whole line, with the
-    # stop reason "partial". Every token decoded stays on the cache's greedy chain, so the rest
-    # can be decoded ahead and the next request answered from it. For multi-line suggestions: a
-    # single line has no whole line before its end.
-    answer_due: Callable[[], bool] | None = None
+    # Polled between passes like the cancel check, with how long the next pass is expected to take
+    # (ms): once it says an answer is due before that pass would end (a first-answer budget runs
+    # out), a text that holds a whole line ends after its last whole line, with the stop reason
+    # "partial". Every token decoded stays on the cache's greedy chain, so the rest can be decoded
+    # ahead and the next request answered from it. For multi-line suggestions: a single line has
+    # no whole line before its end.
+    answer_due: Callable[[float], bool] | None = None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -271,9 +272,15 @@ class SpeculativeEngine:
         return known, known and asked_fits(chain, prompt, required)
 
     def _answer_now(self, run: Run, text: str) -> tuple[list[int], str] | None:
-        """The whole lines decoded so far, once an answer is due (``GenerationConfig.answer_due``)."""
+        """The whole lines decoded so far, once an answer is due before the next pass would end
+        (``GenerationConfig.answer_due``): a pass started then would only make the answer late.
+        The next pass is expected to take as long as this decode's passes did on average."""
         due = run.config.answer_due
-        return None if due is None else whole_lines(self.decode, run.generated, text, due)
+        if due is None:
+            return None
+        steps = run.stats.target_passes - 1  # the first pass was the prefill's
+        next_pass_ms = run.stats.verify_ms / steps if steps > 0 else 0.0
+        return whole_lines(self.decode, run.generated, text, functools.partial(due, next_pass_ms))
 
     def _cut(self, run: Run) -> Cut:
         """``stops.cut_at_stop`` for this run; a healing that found no way on ends it empty."""

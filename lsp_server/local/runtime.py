@@ -173,8 +173,9 @@ def keeps_chains(settings: Settings, cache_key: str | None) -> bool:
     )
 
 
-def _due_at(answer_by: float | None) -> Callable[[], bool] | None:
-    """The engine's ``answer_due`` check for a first answer due at ``answer_by``."""
+def _due_at(answer_by: float | None) -> Callable[[float], bool] | None:
+    """The engine's ``answer_due`` check for a first answer due at ``answer_by``: due once a pass
+    of the given milliseconds, started now, would end past it."""
     if answer_by is None:
         return None
-    return lambda: time.monotonic() >= answer_by
+    return lambda next_pass_ms: time.monotonic() + next_pass_ms / 1000 >= answer_by
