@@ -231,6 +231,7 @@ def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
     def due(next_pass_ms: float) -> bool:
         return machine.now_ms + next_pass_ms >= due_ms
 
+    # the prompt in one pass, so that the passes counted are the decode's (pacing is tested above)
     config = GenerationConfig(max_new_tokens=48, answer_due=due, prefill_ms=None)
     result = engine.generate(prompt, config, cache_key="d")
     line_ends = [11, 18, 25]
@@ -244,6 +245,32 @@ def test_a_due_answer_is_the_whole_lines_ready_and_the_rest_stays_on_the_chain(
     rest = engine.generate(prompt, GenerationConfig(max_new_tokens=48), cache_key="d")
     assert rest.token_ids == truth
     assert rest.stats.known_tokens == decoded
+
+
+def test_a_decode_going_on_from_the_chain_expects_its_next_pass_to_take_a_step(liner):
+    """A request at the same place after a partial answer makes no prefill pass (the chain's
+    tokens are known), so each of its passes is a step: with 100 ms steps and the answer due
+    350 ms in, the third step is started (it ends at 300 ms). Counting a prefill that never ran
+    expects 200 ms after the second step and answers a step early."""
+    model, prompt, truth = liner
+    engine = SpeculativeEngine(loaded(model), prefix_cache=PrefixCache(64 * MB))
+    machine = SlowMachine(engine, per_token_ms=0.0, per_pass_ms=100.0)
+    first = GenerationConfig(
+        max_new_tokens=48, answer_due=lambda _ms: machine.now_ms >= 1150.0, prefill_ms=None
+    )
+    assert engine.generate(prompt, first, cache_key="d").token_ids == truth[:11]
+    known = len(engine.prefix_cache.chain("d").tokens) - len(prompt)
+    assert known == 12
+    started_ms = machine.now_ms
+
+    def due(next_pass_ms: float) -> bool:
+        return machine.now_ms + next_pass_ms >= started_ms + 350.0
+
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=48, answer_due=due), cache_key="d")
+    assert machine.now_ms - started_ms == 300.0
+    assert result.stop_reason == "partial" and result.token_ids == truth[:11]
+    assert result.stats.known_tokens == known and result.stats.after_prefill == (3, 3)
+    assert engine.prefix_cache.chain("d").tokens == prompt + truth[: known + 3]
 
 
 def test_an_answer_not_due_waits_for_the_generation_to_end(liner):

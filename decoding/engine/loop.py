@@ -278,7 +278,7 @@ class SpeculativeEngine:
         due = run.config.answer_due
         if due is None:
             return None
-        steps = run.stats.target_passes - 1  # the first pass was the prefill's
+        steps = run.stats.step_passes
         next_pass_ms = run.stats.verify_ms / steps if steps > 0 else 0.0
         return whole_lines(self.decode, run.generated, text, functools.partial(due, next_pass_ms))
 

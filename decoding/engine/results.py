@@ -54,7 +54,13 @@ class GenerationStats:
         prefill; this pair is the drafters' own figure."""
         if not self.target_passes:
             return 0, 0
-        return max(0, self.produced_tokens - self.prefill_tokens), self.target_passes - 1
+        return max(0, self.produced_tokens - self.prefill_tokens), self.step_passes
+
+    @property
+    def step_passes(self) -> int:
+        """The decode steps' passes (``verify_ms`` is their time): every target pass but the
+        prefill's, which a decode going on from a known greedy chain never made."""
+        return self.target_passes - (1 if self.prefill_tokens else 0)
 
     def to_dict(self) -> dict:
         out = asdict(self)
