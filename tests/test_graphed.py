@@ -221,9 +221,9 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     default_model, dense_default, monkeypatch
 ):
     """The dense GGUF run on the CPU in fp32 picks the quantized lean forward's greedy token on
-    real code (on torch's kernels they differ only by the 4-bit kernel's bf16 activations; a CPU
-    without AVX-512 serves the file on llama.cpp's, whose 8-bit activations differ more): the
-    weights' layout, rotary order and tied table are right."""
+    real code (on torch's kernel, as here, they differ only by its bf16 activations; llama.cpp's
+    kernels, which serve the file where built, quantize them to 8 bits): the weights' layout,
+    rotary order and tied table are right."""
     from decoding.forward.llama import from_gguf
     from decoding.models.loading import default_gguf_path
     from tests.test_real_model import stdlib_prompts

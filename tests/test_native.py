@@ -271,42 +271,26 @@ def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
     assert not NativeOutputLayer.fits(NATIVE, w)
 
 
-@pytest.mark.parametrize("width,native", [(576, False), (896, True), (1536, True)])
-def test_only_a_narrow_model_of_torchs_types_stays_on_torch_with_avx512(width, native, monkeypatch):
-    """The default model (576 wide, Q4_1 and Q8_0) runs its passes over several rows faster on
-    torch's batched kernel; Qwen2.5-Coder's Q8_0 files (896 and wider) run every pass faster here."""
-    from decoding.forward import native as native_module
-    from decoding.forward.native import kernels_for
-
-    monkeypatch.setattr(native_module, "torch_capability", lambda: "AVX512")
-    monkeypatch.delenv("LSP_NATIVE", raising=False)
-    chosen = kernels_for({int(QType.Q8_0), int(QType.Q4_1), int(QType.F32)}, width)
-    assert (chosen is not None) == native
-    assert kernels_for({int(QType.Q4_K)}, 576) is not None  # another type: the native kernels at any width
-
-
 @pytest.mark.parametrize(
-    "kind,setting,isa,native",
+    "kind,setting,native",
     [
-        (QType.Q8_0, None, "AVX512", False),  # a narrow Q8_0 file with AVX-512: torch's kernel
-        (QType.Q8_0, None, "AVX2", True),  # the same file where torch has only AVX2: llama.cpp's
-        (QType.Q5_0, None, "AVX512", True),  # 5-bit blocks (and K-quants): llama.cpp's kernels
-        (QType.Q5_0, "0", "AVX2", False),
-        (QType.Q8_0, "1", "AVX512", True),
+        (QType.Q8_0, None, True),  # the default model's types: llama.cpp's kernels too
+        (QType.Q5_0, None, True),  # 5-bit blocks (and K-quants)
+        (QType.Q5_0, "0", False),
+        (QType.Q8_0, "0", False),  # torch's 4-bit kernel where asked for
+        (QType.Q8_0, "1", True),
     ],
 )
-def test_each_file_takes_the_kernels_its_types_run_fastest_on(
-    kind, setting, isa, native, tmp_path, monkeypatch
+def test_every_file_takes_the_native_kernels_where_built_unless_asked_otherwise(
+    kind, setting, native, tmp_path, monkeypatch
 ):
-    """The choice is the file's, the CPU's instruction set's (as torch reports it) and
-    ``LSP_NATIVE``'s, never a timing: products, attention and output layer all on the chosen
-    kernels, and the forward computes the model either way."""
-    from decoding.forward import native as native_module
+    """The choice is the build's and ``LSP_NATIVE``'s, never a timing nor the file's types:
+    products, attention and output layer all on the chosen kernels, and the forward computes
+    the model either way."""
     from decoding.forward.llama import from_gguf
     from decoding.forward.native import kernels
     from tests.test_architectures import VOCAB, tiny, write_gguf
 
-    monkeypatch.setattr(native_module, "torch_capability", lambda: isa)
     if setting is None:
         monkeypatch.delenv("LSP_NATIVE", raising=False)
     else:

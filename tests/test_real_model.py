@@ -183,8 +183,8 @@ def test_cli_reports_bad_input_clearly(tmp_path):
 def test_the_default_model_keeps_its_quantized_blocks(default_model, fp32_model):
     """``quantization: auto`` serves the GGUF's Q4_1/Q8_0 blocks; its greedy choices agree with the
     dequantized fp32 model's at nearly every position of real code (they differ only by the
-    activations inside the quantized products: bf16 on torch's kernels, the choice with AVX-512;
-    8-bit blocks, as llama.cpp's, on the native kernels that serve the file elsewhere)."""
+    activations inside the quantized products: 8-bit blocks, as llama.cpp's, on the native
+    kernels that serve the file where they are built; bf16 on torch's kernel elsewhere)."""
     assert default_model.quantization == "F32+Q4_1+Q8_0"
     assert default_model.forward.nbytes() < 150 * 2**20  # ~128 MB, against ~540 MB in fp32
     engine = SpeculativeEngine(default_model)
@@ -196,19 +196,20 @@ def test_the_default_model_keeps_its_quantized_blocks(default_model, fp32_model)
 
 
 @pytest.fixture(scope="module")
-def native_kernels_model():
-    """The default model on llama.cpp's kernels (``LSP_NATIVE=1``), where they are built."""
+def torch_kernels_model():
+    """The default model on torch's 4-bit kernel (``LSP_NATIVE=0``): what serves it where the
+    native kernels are not built."""
     import os
 
     from decoding.forward.native import kernels
 
     saved = os.environ.get("LSP_NATIVE")
-    os.environ["LSP_NATIVE"] = "1"
+    os.environ["LSP_NATIVE"] = "0"
     kernels.cache_clear()
     try:
-        if kernels() is None:
-            pytest.skip("the native kernels are not built")
-        return load_model("default", device="cpu", dtype="float32")
+        model = load_model("default", device="cpu", dtype="float32")
+        assert model.forward.native is None
+        return model
     finally:
         if saved is None:
             del os.environ["LSP_NATIVE"]
@@ -217,14 +218,14 @@ def native_kernels_model():
         kernels.cache_clear()
 
 
-@pytest.mark.parametrize("weights", ["quantized", "fp32", "quantized on llama.cpp's kernels"])
+@pytest.mark.parametrize("weights", ["quantized", "fp32", "quantized on torch's kernel"])
 def test_the_lean_forward_computes_each_row_the_same_in_any_pass(weights, request):
     """Bit for bit, whatever the passes a prompt is split into (a prefill, a verify pass, a step,
     a tail after KV reuse): what makes speculative greedy equal plain greedy on this model, on
     its quantized blocks and dequantized to fp32. The fp32 model runs on the lean forward's dense
     layers for this: transformers' forward picks its kernels by row count (a row differed by up
     to 1.4e-6 between a pass of one row and one of 2 to 16)."""
-    fixture = {"quantized": "default_model", "fp32": "fp32_model"}.get(weights, "native_kernels_model")
+    fixture = {"quantized": "default_model", "fp32": "fp32_model"}.get(weights, "torch_kernels_model")
     model = request.getfixturevalue(fixture)
     assert isinstance(model.forward, LlamaForward) and model.model is None
     forward = model.forward

@@ -37,7 +37,14 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
-from decoding.forward.native import Kernels, NativeLinear, NativeOutputLayer, Weight, kernels, kernels_for
+from decoding.forward.native import (
+    Kernels,
+    NativeLinear,
+    NativeOutputLayer,
+    Weight,
+    kernels,
+    kernels_for_files,
+)
 from decoding.forward.native.layers import NativeLayers
 from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
 from decoding.forward.quant.layers import (
@@ -685,8 +692,7 @@ class GgufWeights:
         self.data = np.memmap(path, mode="r")
         self.dense = dense
         native = kernels and not dense
-        kinds = {int(t.kind) for t in self.index.values()}
-        self.native = kernels_for(kinds, self.shape.dim) if native else None
+        self.native = kernels_for_files() if native else None
         self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
         self.torch_linear = _torch_linear(self.weight)
 

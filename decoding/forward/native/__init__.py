@@ -12,12 +12,13 @@ same whatever the rows of a pass:
 batch-invariant by construction, as the lean forward needs. Where rounding enters: the
 activations, quantized to the weight type's activation type (Q8_0, Q8_1 or Q8_K blocks) per row.
 
-Chosen per file and CPU (``kernels_for``): a GGUF of K-quants or 5-bit blocks runs here, faster
-and in about half the memory of torch's terms, and so does every file where torch runs without
-its AVX-512 kernels; a narrow model (the default's 576) of Q4_0/Q4_1/Q8_0 blocks on an AVX-512
-CPU stays on torch's batched 4-bit kernel, whose passes over several rows (verify, prefill) beat
-these products there, too small to split well between threads (``benchmarks/models_bench.py``
-runs both against llama-server). ``LSP_NATIVE=1`` or ``0`` forces either;
+Chosen wherever they are built (``kernels_for_files``), for every file and CPU. A narrow model of
+Q4_0/Q4_1/Q8_0 blocks (the default's, 576 wide) once stayed on torch's batched 4-bit kernel on an
+AVX-512 CPU, whose passes over several rows beat these products there; since its greedy choices
+are certified (the output layer's second 4-bit term, issue 38), its steps cost about twice these
+kernels', and the keystroke replay on an AVX-512 Xeon answered pauses sooner on these at p50 and
+p95 (``benchmarks/README.md``, 2026-12-05). A cold prefill of a long prompt in one pass is the
+one thing torch's kernel still does faster. ``LSP_NATIVE=1`` or ``0`` forces either;
 ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from the cached build.
 """
 
@@ -27,7 +28,7 @@ import ctypes
 import functools
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -290,41 +291,18 @@ def built_kernels(variant: str = "native") -> Kernels | None:
     return Kernels(str(path), int(os.environ.get("LSP_NATIVE_THREADS", 0)) or (os.cpu_count() or 1))
 
 
-# GGUF types whose files torch's 4-bit kernel serves by default on an AVX-512 CPU: one 4-bit
-# term a weight (Q4_0, Q4_1), or Q8_0's two beside them, as in the default model, where torch's
-# batched kernel runs verify passes and prefill faster than llama.cpp's called per output. Any
-# other type (5-bit and K-quants as padded or extra terms, 16-bit floats as dense fp32), or a CPU
-# where torch has only its AVX2 kernels (no faster than fp32 there), makes llama.cpp's kernels
-# the faster choice.
-TORCH_KINDS = frozenset({0, 2, 3, 8})  # F32, Q4_0, Q4_1, Q8_0
-# ... and only for a model this narrow: there torch's batched kernel wins the passes over several
-# rows, where each of the native kernels' products is too small to split well between threads.
-# The 896-wide Qwen2.5-Coder-0.5B in Q8_0 already ran every pass faster on the native kernels.
-TORCH_WIDTH_LIMIT = 768
-
-
-def torch_capability() -> str:
-    """The instruction set torch's CPU kernels run with (``ATEN_CPU_CAPABILITY`` lowers it)."""
-    return torch.backends.cpu.get_cpu_capability()
-
-
 @functools.cache
 def kernels() -> Kernels | None:
     """The native kernels where asked for everywhere (``LSP_NATIVE=1``) and built, else None."""
     return _serving() if os.environ.get("LSP_NATIVE") == "1" else None
 
 
-def kernels_for(kinds: Iterable[int], width: int) -> Kernels | None:
-    """The native kernels for a GGUF holding tensors of ``kinds`` in a model ``width`` wide, or
-    None for torch's: ``LSP_NATIVE=1`` always, ``0`` never, unset where they are built and the
-    file holds a type outside ``TORCH_KINDS``, or the model is ``TORCH_WIDTH_LIMIT`` wide or
-    wider, or torch runs without AVX-512. Decided by the file and the CPU's instruction set, not
-    by a timed probe, so that one file always gives the same output on one machine."""
-    setting = os.environ.get("LSP_NATIVE", "auto")
-    if setting == "1":
-        return kernels()
-    torch_serves = set(kinds) <= TORCH_KINDS and width < TORCH_WIDTH_LIMIT and torch_capability() == "AVX512"
-    if setting == "0" or torch_serves:
+def kernels_for_files() -> Kernels | None:
+    """The native kernels for a GGUF's products, or None for torch's: ``LSP_NATIVE=0`` never,
+    else wherever they are built (see the module's docstring for why every file). Decided by the
+    build and the setting, not by a timed probe, so that one file always gives the same output on
+    one machine."""
+    if os.environ.get("LSP_NATIVE", "auto") == "0":
         return None
     return _serving()
 
