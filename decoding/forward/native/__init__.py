@@ -14,11 +14,11 @@ activations, quantized to the weight type's activation type (Q8_0, Q8_1 or Q8_K 
 
 Chosen wherever they are built (``kernels_for_files``), for every file and CPU. A narrow model of
 Q4_0/Q4_1/Q8_0 blocks (the default's, 576 wide) once stayed on torch's batched 4-bit kernel on an
-AVX-512 CPU, whose passes over several rows beat these products there; since its greedy choices
-are certified (the output layer's second 4-bit term, issue 38), its steps cost about twice these
-kernels', and the keystroke replay on an AVX-512 Xeon answered pauses sooner on these at p50 and
-p95 (``benchmarks/README.md``, 2026-12-05). A cold prefill of a long prompt in one pass is the
-one thing torch's kernel still does faster. ``LSP_NATIVE=1`` or ``0`` forces either;
+AVX-512 CPU, whose passes over several rows beat these products there. Since its greedy choices
+are certified (issue 38), each of its passes makes a second product of the output layer's size
+(Q8_0's second 4-bit term), and the keystroke replay on an AVX-512 Xeon answered pauses sooner
+on these kernels at p50 and p95 (``benchmarks/README.md``, 2026-12-05); a cold prefill of a long
+prompt in one pass is what torch's kernel still does faster. ``LSP_NATIVE=1`` or ``0`` forces either;
 ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from the cached build.
 """
 
