@@ -46,10 +46,10 @@ interface Pending {
   candidates: Candidate[];
 }
 
-/** The answers per document whose items may still be shown: the last and, until its successor
- * is shown, the one before (VS Code asks again after a partial accept and shows the older item
- * meanwhile). */
-const ANSWERS_KEPT = 2;
+/** The answers per document whose items may still be shown. VS Code asks again after each partial
+ * accept but may go on showing the older item through several answers (all of them at once when
+ * the server answers fast), so more than the last two are kept. */
+const ANSWERS_KEPT = 8;
 
 export class PartialAccepts {
   private readonly answers = new Map<string, Offer[][]>(); // per document URI, newest first
@@ -116,9 +116,13 @@ export class PartialAccepts {
     return pending.text;
   }
 
-  /** What the whole-accept command of an item with `text` should tell: what is not told yet. */
+  /** What the whole-accept command of an item with `text` should tell: what is not told yet (of
+   * the items with that text, the one partial accepts went furthest along: the one shown). */
   wholeAccepted(uri: string, text: string): string {
-    const offer = (this.answers.get(uri) ?? []).flat().find((o) => o.text === text);
-    return offer ? text.slice(offer.told) : text;
+    const told = (this.answers.get(uri) ?? [])
+      .flat()
+      .filter((o) => o.text === text)
+      .reduce((most, o) => Math.max(most, o.told), 0);
+    return text.slice(told);
   }
 }

@@ -96,6 +96,18 @@ describe('partial accepts', () => {
     assert.equal(partial.wholeAccepted(URI, BODY), BODY.slice('self.'.length)); // or the older one
   });
 
+  it('follow an item VS Code goes on showing through several newer answers', () => {
+    const { partial, doc } = setUp();
+    doc.insert({ line: 1, character: 8 }, 'self');
+    assert.equal(partial.selectionChanged(URI, doc.version, false), 'self');
+    partial.answered(URI, [{ start: { line: 1, character: 12 }, text: BODY.slice('self'.length) }]);
+    doc.insert({ line: 1, character: 12 }, '.x += dx\n');
+    assert.equal(partial.selectionChanged(URI, doc.version, false), '.x += dx\n');
+    partial.answered(URI, [{ start: { line: 2, character: 0 }, text: '        self.y += dy' }]);
+    partial.answered(URI, [{ start: { line: 2, character: 0 }, text: '        self.y += dy' }]);
+    assert.equal(partial.wholeAccepted(URI, BODY), '        self.y += dy'); // the first item, still shown
+  });
+
   it('are forgotten with the document', () => {
     const { partial, doc } = setUp();
     doc.insert({ line: 1, character: 8 }, 'self');
