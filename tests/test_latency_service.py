@@ -171,7 +171,7 @@ async def test_a_block_is_answered_with_its_whole_lines_and_the_rest_comes_from_
     and after the user accepts and starts the next line, that line comes from the document's
     greedy chain with no target pass, as the whole block decoded in one go has it."""
     whole = await real.ask(uri="file:///work/whole.py")  # no first-answer budget, fast
-    assert whole is not None and whole.count("\n") >= 3, whole
+    assert whole is not None and whole.count("\n") >= 2, whole  # the premise: three lines or more
     real.settings = replace(real.settings, first_answer_ms=250)
     engine = real.host.local.engine
     forward = engine._forward
