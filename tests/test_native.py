@@ -61,9 +61,9 @@ def test_each_type_multiplies_the_files_weights_and_each_row_alone(kind):
 def test_a_pass_of_any_row_count_gives_each_row_what_ggmls_vec_dot_gives_it_alone(kind, out):
     """A pass runs krows.c's kernels (four activation rows to a weight block, then the rest; the
     first four ask for the weights ahead, the rest do not; Q8_0 and Q8_1 activations' block
-    scales read as floats converted once a pass) and, for Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 on
-    AVX-512, kpairs.c's (two weight rows to a register), one row included:
-    every row count from 1 to 9, rows of magnitudes 1e-3 to 1e3 (one value far above the rest)
+    scales read as floats converted once a pass) and, for Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q8_0 on
+    AVX-512, kpairs.c's (two weight rows to a register, eight activation rows at a time), one row
+    included: every row count from 1 to 9, rows of magnitudes 1e-3 to 1e3 (one value far above the rest)
     and long weight rows (24 blocks of 256) give each output exactly what ggml's own vec_dot
     gives it for that row alone."""
     rng = np.random.default_rng(100 + int(kind))

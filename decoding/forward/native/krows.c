@@ -70,13 +70,11 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
             }
         }
         for (int r = 0; r < nr; r++) {
-            const block_q8_K *y = row_block(xq, xq_bytes, r, i);
-            const float d = y->d * xd;
-            const float dmin = -y->d * xmin;
-            const __m256i q8sums = _mm256_loadu_si256((const __m256i *) y->bsums);
-            const __m128i q8s =
-                _mm_hadd_epi16(_mm256_extracti128_si256(q8sums, 0), _mm256_extracti128_si256(q8sums, 1));
-            const __m128i prod = _mm_madd_epi16(mins, q8s);
+            // y->d, then the hadd of y->bsums' halves (lsqmm.c's q8_K_sums).
+            const float *sums = yd + LSQ_Q8_K_SUMS * (r * nb + i);
+            const float d = sums[0] * xd;
+            const float dmin = -sums[0] * xmin;
+            const __m128i prod = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *) (sums + 4)));
             acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }

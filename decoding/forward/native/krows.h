@@ -20,11 +20,16 @@ static inline void lsq_ahead(const void *p, size_t size) {
     }
 }
 
+// Floats of yd per Q8_K activation block: its d, three of padding, then the eight int16 sums of
+// its bsums' adjacent pairs (lsqmm.c's q8_K_sums).
+#define LSQ_Q8_K_SUMS 8
+
 // s[r * ls] = weight row w (n values of the kernel's type) times activation row r, for the nr rows
 // of xq (quantized to the type's vec_dot_type, xq_bytes apart); nr is fixed per kernel. For Q8_0
 // activations yd holds each row's block scales as floats (n / 32 a row), for Q8_1 ones each block's
 // d and s (2n / 32 a row): converted once for all the weight rows, where each weight row converted
-// them again. The K-quants' activations (Q8_K) have float scales already, and their kernels ignore yd.
+// them again. For Q8_K ones (the K-quants') yd holds LSQ_Q8_K_SUMS floats a block: Q4_K's kernels
+// read its d and pair sums there, where each weight row added the pairs again; Q6_K's ignore yd.
 typedef void (*lsq_rows_kernel_t)(int n, const void *w, const char *xq, size_t xq_bytes, const float *yd,
                                   float *s, size_t ls);
 
@@ -34,9 +39,14 @@ typedef void (*lsq_rows_kernel_t)(int n, const void *w, const char *xq, size_t x
 // requests only cost instructions.
 const lsq_rows_kernel_t *lsq_rows_kernels(int type, int ahead);
 
-// Two weight rows (w and w + row_bytes) against nr activation rows: s[r * ls] and s[r * ls + 1]
-// (kpairs.c; NULL where the type or the CPU has none).
-typedef void (*lsq_pair_kernel_t)(int n, const void *w, size_t row_bytes, const char *xq, size_t xq_bytes,
-                                  float *s, size_t ls);
+// Activation rows a pair kernel takes at once: AVX-512's 32 registers hold eight rows' sums, and
+// each weight block's unpacking, shared by the rows, is then a smaller part of the work.
+#define LSQ_PAIR_ROWS 8
 
+// Two weight rows (w and w + row_bytes) against nr (1..LSQ_PAIR_ROWS) activation rows: s[r * ls]
+// and s[r * ls + 1] (kpairs.c; NULL where the type or the CPU has none).
+typedef void (*lsq_pair_kernel_t)(int n, const void *w, size_t row_bytes, const char *xq, size_t xq_bytes,
+                                  const float *yd, float *s, size_t ls);
+
+// The kernels for 0..LSQ_PAIR_ROWS rows (entry 0 is NULL).
 const lsq_pair_kernel_t *lsq_pair_kernels(int type);

@@ -7,8 +7,8 @@
 // at a time, so every output is computed the same whatever the rows of the pass: batch-invariant
 // by construction. Where the type has them, krows.c's kernels take any pass (each weight block
 // unpacked once for up to four rows, the weights asked for ahead of the first rows' use) and, on
-// AVX-512, kpairs.c's (two weight rows to a register); both sum every output exactly as vec_dot
-// sums it.
+// AVX-512, kpairs.c's (two weight rows to a register, up to eight rows); both sum every output
+// exactly as vec_dot sums it.
 // Weight rows are split among a small pool of threads that spin between calls (a decode step is
 // ~120 products ~20-100 us apart), as ggml's own threadpool does; each thread
 // reads its own contiguous share of the rows, as ggml's mul_mat does, since threads taking turns
@@ -24,6 +24,8 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#define GGML_COMMON_DECL_C
+#include "ggml-common.h"
 #include "krows.h"
 
 #define MAX_THREADS 64
@@ -77,25 +79,28 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-// Weight rows [first, last) against the activation rows LSQ_ROWS at a time (krows.c), each weight
-// block unpacked once for them all.
+// Weight rows [first, last) two at a time against LSQ_PAIR_ROWS activation rows (kpairs.c), and
+// any weight row left over (or all, where the type has no pair kernels) against LSQ_ROWS at a
+// time (krows.c): each weight block unpacked once for them all.
 static void run_rows(job_t *job, int64_t first, int64_t last) {
-    for (int64_t r = 0; r < job->rows; r += LSQ_ROWS) {
+    const int64_t paired = job->pair_kernels ? first + ((last - first) & ~(int64_t) 1) : first;
+    for (int64_t r = 0; paired > first && r < job->rows; r += LSQ_PAIR_ROWS) {
+        int nr = job->rows - r < LSQ_PAIR_ROWS ? (int) (job->rows - r) : LSQ_PAIR_ROWS;
+        const float *yd = job->yd ? job->yd + r * job->yd_row : NULL;
+        for (int64_t o = first; o < paired; o += 2) {
+            job->pair_kernels[nr]((int) job->n_in, job->w + o * job->row_bytes, job->row_bytes,
+                                  job->xq + r * job->xq_bytes, job->xq_bytes, yd, job->y + r * job->ldy + o,
+                                  (size_t) job->ldy);
+        }
+    }
+    for (int64_t r = 0; paired < last && r < job->rows; r += LSQ_ROWS) {
         int nr = job->rows - r < LSQ_ROWS ? (int) (job->rows - r) : LSQ_ROWS;
         // The first rows bring a chunk's weights into cache, the rows after them find them there.
         lsq_rows_kernel_t kernel = (r == 0 ? job->rows_kernels : job->cached_rows_kernels)[nr];
-        lsq_pair_kernel_t pair = job->pair_kernels ? job->pair_kernels[nr] : NULL;
-        const char *x = job->xq + r * job->xq_bytes;
         const float *yd = job->yd ? job->yd + r * job->yd_row : NULL;
-        float *out = job->y + r * job->ldy;
-        int64_t o = first;
-        for (; pair && o + 1 < last; o += 2) {
-            pair((int) job->n_in, job->w + o * job->row_bytes, job->row_bytes, x, job->xq_bytes, out + o,
-                 (size_t) job->ldy);
-        }
-        for (; o < last; o++) {
-            const char *w = job->w + o * job->row_bytes;
-            kernel((int) job->n_in, w, x, job->xq_bytes, yd, out + o, (size_t) job->ldy);
+        for (int64_t o = paired; o < last; o++) {
+            kernel((int) job->n_in, job->w + o * job->row_bytes, job->xq + r * job->xq_bytes, job->xq_bytes, yd,
+                   job->y + r * job->ldy + o, (size_t) job->ldy);
         }
     }
 }
@@ -227,9 +232,26 @@ static struct {
 } scales;
 
 // Floats per activation block in `scales` for activations of type t.
-static int scale_floats(enum ggml_type t) { return t == GGML_TYPE_Q8_0 ? 1 : t == GGML_TYPE_Q8_1 ? 2 : 0; }
+static int scale_floats(enum ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_Q8_0: return 1;
+        case GGML_TYPE_Q8_1: return 2;
+        case GGML_TYPE_Q8_K: return LSQ_Q8_K_SUMS;
+        default: return 0;
+    }
+}
 
-// The scales of the rows xq of type t (Q8_0 or Q8_1) into `scales`; NULL if it cannot grow.
+// A Q8_K block's d, then its sixteen sums of 16 values added in adjacent pairs (int16, exact: each
+// is at most 32 * 128), which ggml's Q4_K vec_dot adds (hadd) for every weight row it meets.
+static void q8_K_sums(const block_q8_K *y, float *out) {
+    int16_t pairs[8];
+    for (int k = 0; k < 8; k++) pairs[k] = (int16_t) (y->bsums[2 * k] + y->bsums[2 * k + 1]);
+    out[0] = y->d;
+    out[1] = out[2] = out[3] = 0.0f;
+    memcpy(out + 4, pairs, sizeof(pairs));
+}
+
+// The scales of the rows xq of type t (Q8_0, Q8_1 or Q8_K) into `scales`; NULL if it cannot grow.
 static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in, int64_t rows) {
     const int per_block = scale_floats(t);
     const int64_t blocks = rows * (n_in / ggml_blck_size(t));
@@ -240,6 +262,10 @@ static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in,
         scales.capacity = blocks * per_block;
     }
     const size_t block_bytes = ggml_type_size(t);  // each block starts with its halves: d (then s)
+    if (t == GGML_TYPE_Q8_K) {
+        for (int64_t b = 0; b < blocks; b++) q8_K_sums((const block_q8_K *) xq + b, scales.d + b * per_block);
+        return scales.d;
+    }
     for (int64_t b = 0; b < blocks; b++) {
         const ggml_fp16_t *h = (const ggml_fp16_t *) (xq + b * block_bytes);
         for (int k = 0; k < per_block; k++) scales.d[b * per_block + k] = ggml_fp16_to_fp32(h[k]);
@@ -486,6 +512,7 @@ extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float
 // Eight floats as one vector: GCC and Clang lower these to the widest registers the build's ISA
 // has (an AVX register, two SSE or NEON ones), without intrinsics for each.
 typedef float lsq_v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
 #define KEYS_AT_ONCE 4
 
 // The lanes of v summed in a fixed tree.
@@ -518,6 +545,46 @@ static void key_scores(const float *q, const float *keys, int64_t n, int dim, fl
     }
 }
 
+// out (dim floats) = scale times the values weighted by the scores of their n keys: each output
+// value sums its keys in order, one fused multiply-add a key, from +0 (what a loop over d into
+// out compiles to), 64 values at a time so that their sums stay in registers rather than go
+// through memory at every key.
+static void weighted_values(const float *scores, const float *values, int64_t n, int dim, float scale,
+                            float *out) {
+    int d0 = 0;
+    for (; d0 + 64 <= dim; d0 += 64) {
+        lsq_v8 acc[8] = {0};
+        for (int64_t j = 0; j < n; j++) {
+            const float s = scores[j];
+            const lsq_v8 p = {s, s, s, s, s, s, s, s};
+            const float *v = values + j * dim + d0;
+            for (int c = 0; c < 8; c++) acc[c] += p * *(const lsq_v8 *) (v + 8 * c);
+        }
+        for (int c = 0; c < 8; c++) *(lsq_v8 *) (out + d0 + 8 * c) = acc[c] * scale;
+    }
+    for (; d0 < dim; d0++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) sum += scores[j] * values[j * dim + d0];
+        out[d0] = sum * scale;
+    }
+}
+
+// The largest of the n scores (each lane keeps its own largest, then the lanes are compared:
+// the same value as one pass in order, max being exact).
+static float largest(const float *scores, int64_t n) {
+    lsq_v8 best = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const lsq_v8 s = *(const lsq_v8 *) (scores + j);
+        const lsq_i8 above = s > best;  // all ones where s is the larger (NaN never is)
+        best = (lsq_v8) ((above & (lsq_i8) s) | (~above & (lsq_i8) best));
+    }
+    float most = -INFINITY;
+    for (int k = 0; k < 8; k++) most = best[k] > most ? best[k] : most;
+    for (; j < n; j++) most = scores[j] > most ? scores[j] : most;
+    return most;
+}
+
 static void attend_one(attention_t *a, int64_t item, float *scores) {
     int64_t r = item / a->heads;
     int h = (int) (item % a->heads);
@@ -528,18 +595,8 @@ static void attend_one(attention_t *a, int64_t item, float *scores) {
     const float *keys = a->keys + (int64_t) kv * a->capacity * dim;
     const float *values = a->values + (int64_t) kv * a->capacity * dim;
     key_scores(q, keys, n, dim, scores);
-    float best = -INFINITY;
-    for (int64_t j = 0; j < n; j++) best = scores[j] > best ? scores[j] : best;
-    const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, best));
-    float *restrict out = a->out + (r * a->heads + h) * dim;
-    for (int d = 0; d < dim; d++) out[d] = 0.0f;
-    // Each output value sums its keys in order; the loop over d is what the compiler vectorizes.
-    for (int64_t j = 0; j < n; j++) {
-        const float *restrict v = values + j * dim;
-        const float p = scores[j];
-        for (int d = 0; d < dim; d++) out[d] += p * v[d];
-    }
-    for (int d = 0; d < dim; d++) out[d] *= scale;
+    const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, largest(scores, n)));
+    weighted_values(scores, values, n, dim, scale, a->out + (r * a->heads + h) * dim);
 }
 
 static void run_attention(attention_t *a, int slot) {
