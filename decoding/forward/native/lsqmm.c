@@ -547,8 +547,8 @@ static void key_scores(const float *q, const float *keys, int64_t n, int dim, fl
 
 // out (dim floats) = scale times the values weighted by the scores of their n keys: each output
 // value sums its keys in order, one fused multiply-add a key, from +0 (what a loop over d into
-// out compiles to), 64 values at a time so that their sums stay in registers rather than go
-// through memory at every key.
+// out compiles to), 64 values at a time (then 8, then one) so that their sums stay in registers
+// rather than go through memory at every key.
 static void weighted_values(const float *scores, const float *values, int64_t n, int dim, float scale,
                             float *out) {
     int d0 = 0;
@@ -562,9 +562,18 @@ static void weighted_values(const float *scores, const float *values, int64_t n,
         }
         for (int c = 0; c < 8; c++) *(lsq_v8 *) (out + d0 + 8 * c) = acc[c] * scale;
     }
+    for (; d0 + 8 <= dim; d0 += 8) {
+        lsq_v8 acc = {0};
+        for (int64_t j = 0; j < n; j++) {
+            const float s = scores[j];
+            const lsq_v8 p = {s, s, s, s, s, s, s, s};
+            acc += p * *(const lsq_v8 *) (values + j * dim + d0);
+        }
+        *(lsq_v8 *) (out + d0) = acc * scale;
+    }
     for (; d0 < dim; d0++) {
         float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) sum += scores[j] * values[j * dim + d0];
+        for (int64_t j = 0; j < n; j++) sum = fmaf(scores[j], values[j * dim + d0], sum);
         out[d0] = sum * scale;
     }
 }
