@@ -116,7 +116,7 @@ static ALWAYS_INLINE void q4_K_pair(int n, const void *vw, size_t row_bytes, con
 #endif
         }
         for (int r = 0; r < nr; r++) {
-            // y->d four times, then the hadd of y->bsums' halves (lsqmm.c's q8_K_sums).
+            // y->d, then the hadd of y->bsums' halves (lsqmm.c's q8_K_sums).
             const float *sums = yd + LSQ_Q8_K_SUMS * (r * nb + i);
             const __m256i q8s = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (sums + 4)));
             const __m256i prod = _mm256_madd_epi16(mins, q8s);
