@@ -2,7 +2,8 @@
 file's weights times the activations as llama.cpp quantizes them, each output computed alone
 (bit for bit the same in any pass), attention each row alone, and the output layer's greedy
 choice certified exact. CI builds the kernels (``.ci/run``); elsewhere these tests need
-``python -m decoding.forward.native --build``."""
+``python -m decoding.forward.native --build``; with ``LSP_NATIVE_VARIANT=avx2`` they test the AVX2
+build (``--build --variant avx2``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gguf import quants
 from decoding.forward.native import NativeLinear, NativeOutputLayer, Weight, built_kernels
 from tests.test_quant import IN, INT4_KINDS, random_blocks
 
-NATIVE = built_kernels()
+NATIVE = built_kernels(os.environ.get("LSP_NATIVE_VARIANT", "native"))
 if NATIVE is None:
     if os.environ.get("CI"):
         raise RuntimeError(

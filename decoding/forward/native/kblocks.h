@@ -13,6 +13,12 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define SET_M128I(a, b) _mm256_insertf128_si256(_mm256_castsi128_si256(b), (a), 1)
 
+// An empty asm that takes v in a register and gives it back: the compiler then sums each row's
+// products into it as they come. Without it, gcc regrouped the integer sums of a block (exact, so
+// free to) into a tree over all of them, which spilled products to the stack with AVX2's 16
+// registers.
+static ALWAYS_INLINE void in_register(__m256i *v) { __asm__("" : "+x"(*v)); }
+
 static ALWAYS_INLINE float half(ggml_half h) { return _cvtsh_ss(h); }
 
 // ggml's hsum_float_8, the order of the final sum.

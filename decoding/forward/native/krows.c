@@ -67,6 +67,7 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
                 const __m256i p16h = _mm256_madd_epi16(
                     scale_h, _mm256_maddubs_epi16(q4h, _mm256_loadu_si256((const __m256i *) (q8 + 32))));
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16l, p16h));
+                in_register(&sumi[r]);
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -86,12 +87,27 @@ static ALWAYS_INLINE void q4_K_rows(int n, const void *vw, const char *xq, size_
     }
 }
 
+// ggml's unpacking of a Q6_K block's 32 weights q4_k of half j (k = 0..3), as unsigned bytes
+// (before the subtraction of 32, which ggml's AVX2 vec_dot takes from the bsums).
+static ALWAYS_INLINE __m256i q6_K_quarter(const block_q6_K *x, int j, int k) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i low = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * j + 32 * (k & 1)));
+    const __m256i bits_h = _mm256_loadu_si256((const __m256i *) (x->qh + 32 * j));
+    const __m256i nibbles = k < 2 ? _mm256_and_si256(low, m15) : _mm256_and_si256(_mm256_srli_epi16(low, 4), m15);
+    // Bits 2k, 2k + 1 of qh to bits 4, 5.
+    const __m256i high = _mm256_and_si256(k == 0 ? _mm256_slli_epi16(bits_h, 4)
+                                          : k == 1 ? _mm256_slli_epi16(bits_h, 2)
+                                          : k == 2 ? bits_h
+                                                   : _mm256_srli_epi16(bits_h, 2),
+                                          _mm256_set1_epi8(48));
+    return _mm256_or_si256(nibbles, high);
+}
+
 // ggml_vec_dot_q6_K_q8_K's AVX2 branch, for nr activation rows against one weight row.
 static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_t xq_bytes, const float *yd,
                                     const int nr, const int ahead, float *s, size_t ls) {
     const block_q6_K *x = vw;
     const int nb = n / QK_K;
-    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[LSQ_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int i = 0; i < nb; ++i) {
@@ -102,32 +118,17 @@ static ALWAYS_INLINE void q6_K_rows(int n, const void *vw, const char *xq, size_
         __m256i sumi[LSQ_ROWS];
         for (int r = 0; r < nr; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < QK_K / 128; ++j) {
-            const __m256i q4bits1 = _mm256_loadu_si256((const __m256i *) (x[i].ql + 64 * j));
-            const __m256i q4bits2 = _mm256_loadu_si256((const __m256i *) (x[i].ql + 64 * j + 32));
-            const __m256i q4bitsH = _mm256_loadu_si256((const __m256i *) (x[i].qh + 32 * j));
-            const __m256i q4h_0 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, m3), 4);
-            const __m256i q4h_1 = _mm256_slli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(12)), 2);
-            const __m256i q4h_2 = _mm256_and_si256(q4bitsH, _mm256_set1_epi8(48));
-            const __m256i q4h_3 = _mm256_srli_epi16(_mm256_and_si256(q4bitsH, _mm256_set1_epi8(-64)), 2);
-            const __m256i q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-            const __m256i q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-            const __m256i q4_2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m15), q4h_2);
-            const __m256i q4_3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m15), q4h_3);
-            const __m256i scale_0 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 0)));
-            const __m256i scale_1 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 1)));
-            const __m256i scale_2 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 2)));
-            const __m256i scale_3 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + 3)));
-            for (int r = 0; r < nr; r++) {
-                const __m256i *q8 = (const __m256i *) (row_block(xq, xq_bytes, r, i)->qs + 128 * j);
-                const __m256i p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q4_0, _mm256_loadu_si256(q8)));
-                const __m256i p16_1 =
-                    _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q4_1, _mm256_loadu_si256(q8 + 1)));
-                const __m256i p16_2 =
-                    _mm256_madd_epi16(scale_2, _mm256_maddubs_epi16(q4_2, _mm256_loadu_si256(q8 + 2)));
-                const __m256i p16_3 =
-                    _mm256_madd_epi16(scale_3, _mm256_maddubs_epi16(q4_3, _mm256_loadu_si256(q8 + 3)));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_0, p16_1));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p16_2, p16_3));
+            // Quarter k of 32 weights at a time, each row's product added as it comes (the same
+            // integer sums as ggml's grouping: exact), so that few registers hold weights.
+            for (int k = 0; k < 4; ++k) {
+                const __m256i q4 = q6_K_quarter(x + i, j, k);
+                const __m256i scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(4 * j + k)));
+                for (int r = 0; r < nr; r++) {
+                    const __m256i *q8 = (const __m256i *) (row_block(xq, xq_bytes, r, i)->qs + 128 * j);
+                    const __m256i p16 = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q4, _mm256_loadu_si256(q8 + k)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], p16);
+                    in_register(&sumi[r]);
+                }
             }
         }
         for (int r = 0; r < nr; r++) {
