@@ -217,6 +217,42 @@ def test_the_first_draft_is_verified_inside_the_prefill_pass(targets, wrong):
     assert result.stats.drafters["scripted"].proposed >= 6
 
 
+def test_a_draft_is_verified_only_up_to_the_token_that_ends_the_line(targets):
+    """With ``stop_at_newline`` a drafted newline (or any token after it) would buy a row whose
+    answer the pass's row before it gives anyway: a deterministic draft is cut before it, the
+    output exactly plain greedy's. A sampled draft is not cut by its tokens' values (that would
+    bias what is drawn): it is verified whole, its rows past the line's end discarded as before."""
+    target = targets[2]
+    prompt = [random.Random(23).randrange(TINY_VOCAB) for _ in range(30)]
+    truth = plain_greedy(target, prompt, 8)
+    engine = SpeculativeEngine(loaded(target))
+    fed = record_fed_lengths(engine)
+    one_pass = {"prefill_chunk": 256, "prefill_ms": None}
+    draft = [NEWLINE if i == 2 else t for i, t in enumerate(truth[:6])]  # a line's end 3rd
+    drafter = RejectAt(draft + [0] * 8, len(prompt), None, length=6)
+    config = GenerationConfig(max_new_tokens=8, stop_at_newline=True, **one_pass)
+    result = engine.generate(prompt, config, drafter)
+    assert fed[0] == len(prompt) + 2  # the two tokens before the newline
+    assert result.text == engine.decode(truth).split("\n")[0]
+    fed.clear()
+    sampled = GenerationConfig(max_new_tokens=8, stop_at_newline=True, temperature=0.8, seed=1, **one_pass)
+    engine.generate(prompt, sampled, OneHotDrafts(draft))
+    assert fed[0] == len(prompt) + 6
+
+
+class OneHotDrafts(RejectAt):
+    """``RejectAt``'s tokens as a sampled draft, each drawn from a one-hot row."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(tokens, 0, None, len(tokens))
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        drafted = self.truth[: min(self.length, max_len)]
+        return Draft(
+            list(drafted), torch.nn.functional.one_hot(torch.tensor(drafted), TINY_VOCAB).float(), self.name
+        )
+
+
 def test_a_greedy_draft_rides_on_the_prefill_while_healing_owes_text(targets):
     """Greedy: the draft is verified in the prefill pass, each row masked for the text still owed
     (``Healing``); sampled: no draft until the text is written (cutting a sampled draft where the

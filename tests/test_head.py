@@ -449,6 +449,27 @@ def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, h
     assert drafter.propose_exactly(tokens, 3).tokens == free
 
 
+def test_a_greedy_head_draft_stops_before_a_token_that_ends_the_generation(targets, heads):
+    """Shown which tokens end the generation (the engine's ``EndingTokens``: a line's end, an
+    end-of-text token), the head's greedy draft stops before the first one it would draft: the
+    target's pass gives its own token there anyway, so the steps after it are time for nothing."""
+    forward, head = targets[0], heads[0]
+    drafter = head_drafter(forward, head, max_draft=4)
+    drafter.confident = False
+    tokens = own_sequences(forward, 1, 20, seed=3)[0]
+    cache = forward.new_cache()
+    forward(tokens[:-1], cache)
+    drafter.attach(cache)
+    free = drafter.propose_exactly(tokens, 3).tokens
+    assert len(free) == 3
+    drafter.end_at(lambda token: token == free[1])
+    assert drafter.propose_exactly(tokens, 3).tokens == free[:1]
+    drafter.end_at(lambda token: token == free[0])
+    assert drafter.propose_exactly(tokens, 3).tokens == []
+    drafter.end_at(lambda token: False)
+    assert drafter.propose_exactly(tokens, 3).tokens == free
+
+
 @pytest.mark.parametrize("drafter_name", ["head", "auto"])
 def test_healed_greedy_with_the_head_equals_masked_greedy_and_its_drafts_ride(targets, heads, drafter_name):
     """A healed prompt whose required character is not what the target would write: the steered

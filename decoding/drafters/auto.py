@@ -17,7 +17,7 @@ match cut to nothing must not win over the head, which drafts among what the tex
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -76,6 +76,10 @@ class AutoDrafter(Drafter):
         self._owed = owed
         if self.head is not None:
             self.head.steer(owed)
+
+    def end_at(self, ends: Callable[[int], bool]) -> None:
+        if self.head is not None:
+            self.head.end_at(ends)
 
     def _allowed_match(self, match: Match | None) -> Match | None:
         """``match`` cut before its first token healing refuses; None where that leaves nothing."""

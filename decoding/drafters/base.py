@@ -9,7 +9,7 @@ has to know how a drafter stores its state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,7 +68,7 @@ class DocumentSources(Protocol):
 
 
 class Drafter(Protocol):
-    """What the engine calls on a drafter. The last three are optional capabilities with no-op
+    """What the engine calls on a drafter. The last four are optional capabilities with no-op
     defaults here: a drafter class subclasses ``Drafter`` to inherit them, and overrides the
     ones it has (the engine calls them on every drafter, never probes for them)."""
 
@@ -104,6 +104,12 @@ class Drafter(Protocol):
         anything), shown before each proposal: a draft the target's masked pass would refuse at
         once is a wasted pass, so a drafter may draft within it; others ignore it (the engine cuts
         every draft where healing refuses it)."""
+
+    def end_at(self, ends: Callable[[int], bool]) -> None:
+        """Which tokens end the generation (``engine.stops.EndingTokens``), shown before each
+        proposal: a greedy draft may stop before one, the target's pass giving its own token there
+        anyway (the engine cuts every deterministic draft there); a sampled one must not, its
+        length being decided before each draw. Others ignore it."""
 
     def document_sources(self) -> DocumentSources | None:
         """The drafter that drafts from other open documents and the workspace, where this drafter

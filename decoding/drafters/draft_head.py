@@ -107,6 +107,7 @@ class HeadDrafter(Drafter):
         self._score = self._scorer(output_rows)
         self._vocab_on_cpu = self.head.vocab.cpu()  # where a sampled draft's q is made
         self._steer: OwedText | None = None
+        self._ends: Callable[[int], bool] = lambda token: False  # tokens that end the generation
         self._allowed_rows: dict[bytes, torch.Tensor] = {}  # by the text healing still owes
         self._vocab_sorted = self._vocab_on_cpu.sort()  # to find allowed ids among the scored
         self.folder = ""  # where the head was loaded from, for logs and stats
@@ -162,6 +163,9 @@ class HeadDrafter(Drafter):
 
     def forget(self, session: str) -> None:
         """Nothing per session: entries are recomputed from the target's cache when tokens differ."""
+
+    def end_at(self, ends: Callable[[int], bool]) -> None:
+        self._ends = ends
 
     def steer(self, owed: OwedText | None) -> None:
         """While token healing owes text (a cursor mid-word), greedy drafts choose among what it
@@ -327,6 +331,8 @@ class HeadDrafter(Drafter):
             if confident and not self._worth(i, chance):
                 break
             token = self._best(scores) if q is None else sample(q, self._generator)
+            if q is None and self._ends(token):
+                break  # the target's row there gives its own token: verifying this one buys nothing
             drafted.append(token)
             if q is not None:
                 rows.append(q)

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from decoding.engine.healing import Healing, HealingIndex, PrefixConstraint, ask
 from decoding.engine.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.engine.pacing import PREFILL_PASS_MS, PrefillPace
 from decoding.engine.results import DrafterStats, GenerationResult, GenerationStats
-from decoding.engine.stops import Cut, cut_at_stop, whole_lines
+from decoding.engine.stops import Cut, EndingTokens, cut_at_stop, whole_lines
 from decoding.engine.verify import (
     Acceptance,
     SamplingParams,
@@ -133,6 +133,7 @@ class SpeculativeEngine:
         self.prefix_cache = prefix_cache
         self.pace = PrefillPace()  # prefill passes sized by their measured time per token
         self._healing_masks: dict[bytes, torch.Tensor] = {}
+        self._endings: dict[tuple[str, ...], EndingTokens] = {}  # by a generation's stops
 
     @functools.cached_property
     def healing_index(self) -> HealingIndex:
@@ -437,11 +438,26 @@ class SpeculativeEngine:
         run.drafter.attach(cache)
         healing = run.healing if run.healing is not None and run.healing.active else None
         run.drafter.steer(healing)
+        ends = self._ending_tokens(run.config.stops if healing is None else (), run.eos)
+        run.drafter.end_at(ends)
         draft = run.drafter.propose(tokens, min(remaining - 1, run.config.max_draft_tokens))
         if healing is not None:
             draft = healing.allowed_draft(draft)
+        # A deterministic draft is cut by its tokens' values without bias; a sampled one may not be.
+        kept = ends.length_before(draft.tokens) if draft.probs is None else len(draft)
+        if kept < len(draft):
+            draft = replace(draft, tokens=draft.tokens[:kept])
         run.stats.draft_ms += (time.perf_counter() - started) * 1000
         return draft
+
+    def _ending_tokens(self, stops: tuple[str, ...], eos: set[int]) -> EndingTokens:
+        """The tokens that end a generation with ``stops`` (memoized: a few stop sets recur)."""
+        ends = self._endings.get(stops)
+        if ends is None or ends.eos != eos:
+            if len(self._endings) >= 16:
+                self._endings.clear()
+            ends = self._endings[stops] = EndingTokens(self.decode, stops, eos)
+        return ends
 
     def _choose(self, run: Run, logits: torch.Tensor) -> int:
         if run.sampling.greedy:

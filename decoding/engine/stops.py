@@ -9,6 +9,7 @@ transformers peer (``transformers_peer.py``) cut their tokens by the same rule.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from decoding.engine.results import StopReason
@@ -98,3 +99,28 @@ def whole_lines(
         return None
     skip = len(decode(generated)) - len(text)
     return generated[: tokens_before(decode, generated, skip + end)], text[:end]
+
+
+@dataclass
+class EndingTokens:
+    """The tokens that end a generation wherever they come (once no required text is owed): an
+    end-of-text token, or one whose own text holds a stop string. A greedy draft is worth
+    verifying only up to the token before one: the pass's row there gives the target's own token
+    anyway, so a drafted one there (and any after it) is a row bought for nothing. The first
+    token of a line's end is most of what a keystroke's prefill drafts past."""
+
+    decode: Decode
+    stops: tuple[str, ...]
+    eos: set[int]
+    _known: dict[int, bool] = field(default_factory=dict)  # memo by token id
+
+    def __call__(self, token: int) -> bool:
+        ends = self._known.get(token)
+        if ends is None:
+            text = self.decode([token])
+            ends = self._known[token] = token in self.eos or any(stop in text for stop in self.stops)
+        return ends
+
+    def length_before(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, from the first, come before the first that ends a generation."""
+        return next((i for i, token in enumerate(tokens) if self(token)), len(tokens))
