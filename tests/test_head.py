@@ -427,16 +427,23 @@ def test_while_healing_owes_text_auto_weighs_an_ngram_match_only_as_far_as_the_t
     assert cut.tokens[:1] == [first[6]] and cut.tokens[1:2] != [first[7]]
 
 
-def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, heads):
-    """Steered by token healing (the engine passes its ``Healing``), the head's greedy
-    draft chooses among the allowed tokens while text is owed, and freely after it."""
-    forward, head = targets[0], heads[0]
+def drafting_after_a_prompt(forward, head):
+    """A head drafter with ``confident`` off (it drafts every step asked for), attached to a cache
+    that holds a 20-token sequence but its last token. The cache comes back too: the drafter holds
+    it only weakly, and drafts nothing once it is gone."""
     drafter = head_drafter(forward, head, max_draft=4)
     drafter.confident = False
     tokens = own_sequences(forward, 1, 20, seed=3)[0]
     cache = forward.new_cache()
     forward(tokens[:-1], cache)
     drafter.attach(cache)
+    return drafter, tokens, cache
+
+
+def test_while_healing_owes_text_the_head_drafts_among_what_it_allows(targets, heads):
+    """Steered by token healing (the engine passes its ``Healing``), the head's greedy
+    draft chooses among the allowed tokens while text is owed, and freely after it."""
+    drafter, tokens, _cache = drafting_after_a_prompt(targets[0], heads[0])
     free = drafter.propose_exactly(tokens, 3).tokens
     assert len(free) == 3
     allowed = tuple(t for t in range(20, 44) if t != free[0])
@@ -453,13 +460,7 @@ def test_a_greedy_head_draft_stops_before_a_token_that_ends_the_generation(targe
     """Shown which tokens end the generation (the engine's ``EndingTokens``: a line's end, an
     end-of-text token), the head's greedy draft stops before the first one it would draft: the
     target's pass gives its own token there anyway, so the steps after it are time for nothing."""
-    forward, head = targets[0], heads[0]
-    drafter = head_drafter(forward, head, max_draft=4)
-    drafter.confident = False
-    tokens = own_sequences(forward, 1, 20, seed=3)[0]
-    cache = forward.new_cache()
-    forward(tokens[:-1], cache)
-    drafter.attach(cache)
+    drafter, tokens, _cache = drafting_after_a_prompt(targets[0], heads[0])
     free = drafter.propose_exactly(tokens, 3).tokens
     assert len(free) == 3
     drafter.end_at(lambda token: token == free[1])
