@@ -150,6 +150,23 @@ def run_case(variants: Variants, case: Case, table: SymbolTable, order: Sequence
     return record
 
 
+def definition_shown(tokens: Any, budget: int, case: Case, table: SymbolTable) -> bool:
+    """Whether the cross-file prompt shows a definition of the name the line goes on to use (its
+    first line, up to the parameters where it has them): what the choice of definitions is for."""
+    from lsp_server.context.builder import ContextBuilder, ContextRequest
+
+    name = cross_file_name(case.expected, Path(case.file), table) or ""
+    uri = Path(case.file).as_uri()
+    request = ContextRequest(
+        case.text, case.offset, budget, uri=uri, language_id="python", cross_file=True, symbols=table
+    )
+    prompt = ContextBuilder().build(request, tokens)
+    shown = tokens.decode(list(prompt.ids)) if prompt.ids else prompt.text
+    firsts = (d.text.split("\n")[0].strip() for _, d in table.definitions(name))
+    firsts = (first.split("(")[0] + "(" if "(" in first else first for first in firsts)
+    return any(first and first in shown for first in firsts)
+
+
 def costs(
     tokens: Any,
     budget: int,
@@ -282,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--cost-model", default="qwen2.5-coder-0.5b", help="a tokenizer for costs; none: skip"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--shown-only", action="store_true", help="only count how often the line's definition is shown"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -308,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     model = load_model(args.model, device="cpu", dtype="float32")
     engine = SpeculativeEngine(model)
     variants = Variants(engine, args.budget, args.max_new_tokens)
+    shown = [definition_shown(variants.tokens, args.budget, c, tables[project_of[c.file]]) for c in cases]
+    print(f"the line's definition in the cross-file prompt: {sum(shown) / max(1, len(cases)):.3f}")
+    if args.shown_only:
+        return {"definition_shown": sum(shown) / max(1, len(cases))}
     engine.generate(engine.encode("def warm_up():\n    return"), None)  # first-call overheads
 
     def work(i: int, case: Case) -> CaseResult:
@@ -331,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "seed": args.seed,
         "n_per_project": args.n,
         "summary": summary,
+        "definition_shown": round(sum(shown) / max(1, len(cases)), 4),
         "keystroke_prefix_share": share,
         "cost_model": {"name": args.cost_model, "costs": cost},
         "environment": _environment(torch),

@@ -352,3 +352,49 @@ def test_a_class_too_large_for_the_share_comes_with_its_constructor_alone():
     assert whole[0].text.count("def ") == definitions.MAX_MEMBERS  # the first of its methods
     (small,) = definitions.choose(project, CALLER_URI, ["Ledger"], definitions.estimate, 60)
     assert small.text == "class Ledger:\n    def __init__(self, rows, limit):"
+
+
+def test_every_names_signature_comes_before_any_names_docstrings_and_methods():
+    """Breadth first: a class with its methods and docstrings would fill a small share alone; each
+    name near the cursor gets its bare signature first, and what is left goes to the fuller forms,
+    nearest name first."""
+    members = "".join(f'    def method_{i}(self, value_{i}):\n        """Doc {i}."""\n\n' for i in range(8))
+    ledger = f'class Ledger:\n    """Rows."""\n\n    def __init__(self, rows):\n        pass\n\n{members}'
+    helpers = (
+        'def tally(rows, limit):\n    """Count the rows up to a limit."""\n\n\ndef audit(rows):\n    pass\n'
+    )
+    project = definitions.Project(
+        SymbolTable.of(
+            [
+                extract("file:///w/ledger.py", ledger, "python"),
+                extract("file:///w/helpers.py", helpers, "python"),
+            ]
+        )
+    )
+    names = ["Ledger", "tally", "audit"]
+    bare = definitions.choose(project, CALLER_URI, names, definitions.estimate, 70)
+    assert [s.text for s in bare] == [
+        "class Ledger:\n    def __init__(self, rows):",
+        "def tally(rows, limit):\ndef audit(rows):",
+    ]
+    roomy = definitions.choose(project, CALLER_URI, names, definitions.estimate, 10_000)
+    assert roomy[0].text.count("def method_") == 8 and '"""Rows."""' in roomy[0].text
+    assert (
+        roomy[1].text == 'def tally(rows, limit):\n    """Count the rows up to a limit."""\ndef audit(rows):'
+    )
+    middle = definitions.choose(project, CALLER_URI, names, definitions.estimate, 76)
+    assert '"""Rows."""' in middle[0].text and "method_" not in middle[0].text  # the nearest grows first
+    assert middle[1].text == "def tally(rows, limit):\ndef audit(rows):"
+
+
+def test_a_bare_signature_is_one_line_without_its_docstring():
+    source = (
+        "class Port:\n    def send(\n        self,\n        method: str,\n        params=None,\n"
+        '    ) -> int:\n        """Send it."""\n'
+    )
+    (owner, send) = extract("file:///w/port.py", source, "python").definitions
+    assert send.text.endswith('"""Send it."""')
+    assert send.signature == "    def send(self, method: str, params=None) -> int:"
+    assert owner.signature == owner.text == "class Port:"
+    commented = extract("file:///w/c.py", "def f(\n    a,  # the first\n    b,\n):\n    pass\n", "python")
+    assert commented.definitions[0].signature == commented.definitions[0].text  # a comment ends a line

@@ -53,6 +53,8 @@ def test_cases_are_code_lines_that_use_another_files_name(tmp_path):
     (excerpt,) = ContextBuilder().build(request, tokens).snippets
     assert excerpt.kind == "definition" and excerpt.text.startswith("def settle_ledger_0(amount, rate):")
     assert not ContextBuilder().build(replace(request, cross_file=False), tokens).snippets
+    assert repo_quality.definition_shown(tokens, 512, case, table)
+    assert not repo_quality.definition_shown(tokens, 16, case, table)  # no room for definitions
 
 
 def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
@@ -73,6 +75,7 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
     assert saved["summary"] == json.loads(json.dumps(result["summary"]))
     row = saved["summary"]["all"]
     assert row["n"] == 3 and saved["summary"]["harbor"]["n"] == 3
+    assert 0.0 <= saved["definition_shown"] <= 1.0
     for variant in repo_quality.VARIANTS:
         assert 0.0 <= row[variant]["exact"] <= 1.0 and 0 < row[variant]["prompt_tokens_mean"] <= 128
     share = saved["keystroke_prefix_share"]

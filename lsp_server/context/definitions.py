@@ -14,8 +14,11 @@ one line, and the KV cache keeps the prompt's prefix. For each name, in that ord
   that module's top-level definitions (its classes and functions before its variables), after
   every name's own definitions.
 
-Definitions are taken while their estimated cost fits the budget; the chosen ones of a file form
-one excerpt, in file order, as a stub of that file would read.
+Breadth first: every name in that order gets its bare signature (one line, no docstring) while
+the budget lasts, and only then, in the same order, its fuller form (the docstring's line, a
+class's methods). A class with its methods would otherwise fill the share before the next name
+showed its one line, and the name the next line goes on to use is seldom the nearest one. The
+chosen lines of a file form one excerpt, in file order, as a stub of that file would read.
 
 A document keeps its last choice while no new name with a definition elsewhere comes near the
 cursor (``Chooser``): chosen afresh for every line, the window of lines above would slide past a
@@ -108,46 +111,67 @@ def choose(
     project: Project, uri: str, names: Iterable[str], cost: Callable[[str], int], budget: int
 ) -> list[Snippet]:
     """Excerpts of definitions (one per file) for ``names``, within ``budget`` as ``cost`` counts,
-    files in the order their first definition was chosen; none from ``uri`` itself. They are
-    chosen by ``estimate``; where that was short, the last chosen go until ``cost`` agrees."""
-    here = _path(uri)
-    picked: list[tuple[FileSymbols, dict[int, str]]] = []  # in the order chosen
-    shown: set[tuple[str, int]] = set()
-    left = budget
-    for symbols, alternatives in _candidates(project, here, names):
-        if left < MIN_ENTRY_TOKENS:
-            break
-        first = all(f.uri != symbols.uri for f, _ in picked)
-        for entries in alternatives:  # the fullest that fits
-            new = {line: text for line, text in entries.items() if (symbols.uri, line) not in shown}
-            spend = _spend(new.values(), estimate, first=first)
-            if new and spend <= left:
-                picked.append((symbols, new))
-                shown.update((symbols.uri, line) for line in new)
-                left -= spend
-                break
-    while picked and _cost(picked, cost) > budget:
-        picked.pop()
-    return _excerpts(picked)
+    files in the order their first definition was chosen; none from ``uri`` itself.
 
-
-def _spend(texts: Iterable[str], cost: Callable[[str], int], first: bool) -> int:
-    """What entries cost in the prompt: their text, a comment mark per line, a file's header."""
-    return sum(cost(text) + text.count("\n") + 2 for text in texts) + (FILE_HEADER_TOKENS if first else 0)
-
-
-def _cost(picked: Sequence[tuple[FileSymbols, dict[int, str]]], cost: Callable[[str], int]) -> int:
-    return sum(_spend([excerpt.text], cost, first=True) for excerpt in _excerpts(picked))
-
-
-def _excerpts(picked: Sequence[tuple[FileSymbols, dict[int, str]]]) -> list[Snippet]:
-    """One excerpt per file, files in the order of their first pick, entries in file order."""
-    pages: dict[str, dict[int, str]] = {}
+    Breadth first: every name, in order, gets its barest form (signatures alone) while it fits;
+    then each, in the same order, its fullest form that fits (docstrings, a class's methods): a
+    class with its methods would otherwise fill the share before the next name's one line. The
+    choice is by ``estimate``; where that was short, the last choices are undone until ``cost``
+    agrees."""
+    pages = _Pages(budget)
     files: dict[str, FileSymbols] = {}
-    for symbols, entries in picked:
-        pages.setdefault(symbols.uri, {}).update(entries)
-        files[symbols.uri] = symbols
-    return [_excerpt(files[uri], page) for uri, page in pages.items()]
+    picked: list[tuple[str, list[dict[int, str]]]] = []
+    for symbols, forms in _candidates(project, _path(uri), names):
+        if budget - pages.spent < MIN_ENTRY_TOKENS:
+            break
+        if pages.add(symbols.uri, forms[-1]):
+            files[symbols.uri] = symbols
+            picked.append((symbols.uri, forms))
+    for path, forms in picked:
+        any(pages.add(path, form) for form in forms[:-1])  # the fullest that fits
+    while pages.undo and _cost(pages.lines, files, cost) > budget:
+        pages.pop()
+    return [_excerpt(files[path], page) for path, page in pages.lines.items()]
+
+
+@dataclass
+class _Pages:
+    """The lines chosen of each file (``{uri: {line: text}}``, files in the order first chosen),
+    their estimated cost, and what each addition replaced, so that the last can be undone."""
+
+    budget: int
+    lines: dict[str, dict[int, str]] = field(default_factory=dict)
+    spent: int = 0
+    undo: list[tuple[str, dict[int, str] | None, int]] = field(default_factory=list)
+
+    def add(self, uri: str, form: dict[int, str]) -> bool:
+        """Show ``form``'s lines (a line's fuller text in place of a barer one) where they fit."""
+        page = self.lines.get(uri)
+        old = page or {}
+        grown = {**old, **{line: text for line, text in form.items() if len(text) > len(old.get(line, ""))}}
+        before = _spend(old.values(), estimate) if page else 0
+        spent = self.spent + _spend(grown.values(), estimate) - before
+        if grown == old or spent > self.budget:
+            return False
+        self.undo.append((uri, page, self.spent))
+        self.lines[uri], self.spent = grown, spent
+        return True
+
+    def pop(self) -> None:
+        uri, page, self.spent = self.undo.pop()
+        if page is None:
+            del self.lines[uri]
+        else:
+            self.lines[uri] = page
+
+
+def _spend(texts: Iterable[str], cost: Callable[[str], int]) -> int:
+    """What a file's entries cost in the prompt: their text, a comment mark per line, a header."""
+    return sum(cost(text) + text.count("\n") + 2 for text in texts) + FILE_HEADER_TOKENS
+
+
+def _cost(pages: dict[str, dict[int, str]], files: dict[str, FileSymbols], cost: Callable[[str], int]) -> int:
+    return sum(_spend([_excerpt(files[path], page).text], cost) for path, page in pages.items())
 
 
 @dataclass(frozen=True)
@@ -215,23 +239,27 @@ def _candidates(
     for module in modules:  # what is called first, then the module's variables
         top_level = sorted(module.top_level(), key=lambda d: d.kind == "variable")
         for definition in top_level[:MAX_MODULE_DEFINITIONS]:
-            yield module, [{definition.line: definition.text}]
+            yield module, [{definition.line: definition.text}, _bare([definition])]
 
 
 def _entries(symbols: FileSymbols, definition: Definition) -> list[dict[int, str]]:
     """The lines a definition shows, the fullest first: a class with its methods, else with its
-    constructor, else alone; a method under its class's header."""
-    entries = {definition.line: definition.text}
+    constructor, else alone; a method under its class's header. Last, the barest: a class's
+    header and its constructor's, a function's or method's signature, without docstrings."""
     if definition.kind == "class":
         members = [m for m in symbols.members(definition.name) if _public(m.name)][:MAX_MEMBERS]
         constructors = [m for m in members if m.name == "__init__"]
-        return [{**entries, **{m.line: m.text for m in shown}} for shown in (members, constructors, [])]
+        forms = [[definition, *shown] for shown in (members, constructors, [])]
+        return [{d.line: d.text for d in form} for form in forms] + [_bare([definition, *constructors])]
+    shown = [definition]
     if definition.container:
         owners = (d for d in symbols.definitions if d.name == definition.container and not d.container)
-        owner = next(owners, None)
-        if owner is not None:
-            entries[owner.line] = owner.text
-    return [entries]
+        shown += list(owners)[:1]
+    return [{d.line: d.text for d in shown}, _bare(shown)]
+
+
+def _bare(shown: Iterable[Definition]) -> dict[int, str]:
+    return {d.line: d.signature for d in shown}
 
 
 def _public(name: str) -> bool:

@@ -109,6 +109,29 @@ class Definition:
     text: str  # the signature lines as the file has them (indentation kept), docstring's first line
     container: str = ""  # the class a method belongs to
 
+    @property
+    def signature(self) -> str:
+        """``text`` without its docstring's line, a signature over several lines joined into one:
+        what a caller needs, where little room is left (each line's indentation and comment mark
+        cost tokens too)."""
+        head, _, last = self.text.rpartition("\n")
+        lines = (head if head and last.lstrip().startswith(('"""', "'''")) else self.text).split("\n")
+        if any("#" in line or "//" in line for line in lines):
+            return "\n".join(lines)
+        return _joined(lines)
+
+
+def _joined(lines: list[str]) -> str:
+    """A signature's lines as one: no space inside brackets, no comma before a closing one."""
+    joined = lines[0].rstrip()
+    for line in lines[1:]:
+        part = line.strip()
+        if joined.endswith(",") and part.startswith((")", "]")):
+            joined = joined[:-1]
+        glue = "" if joined.endswith(("(", "[", "{")) or part.startswith((")", "]", "}")) else " "
+        joined += glue + part
+    return joined
+
 
 @dataclass(frozen=True)
 class FileSymbols:
