@@ -196,6 +196,7 @@ class Run:
     decode_ms: float
     healed: str = ""
     new_tokens: int = 0
+    line_log_prob: float | None = None  # where asked for: ``line_log_prob``
 
 
 @dataclass
@@ -231,9 +232,17 @@ class Variants:
         """The context without token healing: what healing alone is worth."""
         return self.context(case, heal=False)
 
-    def context(self, case: Case, heal: bool = True, name: str = "", uri: str = "", **options: Any) -> Run:
+    def context(
+        self,
+        case: Case,
+        heal: bool = True,
+        name: str = "",
+        uri: str = "",
+        log_prob: bool = False,
+        **options: Any,
+    ) -> Run:
         """The server's prompt; ``options`` are more of ``ContextRequest``'s fields (``repo_quality``
-        gives the project's definitions)."""
+        gives the project's definitions); ``log_prob``: the true line's too (``line_log_prob``)."""
         from decoding import GenerationConfig
         from lsp_server import postprocess
         from lsp_server.context.builder import ContextRequest, detect
@@ -258,7 +267,10 @@ class Variants:
         result = self.engine.generate(list(prompt.ids), config)
         suggestion = postprocess.finish(result.text, situation) or ""
         name = name or ("context" if heal else "context_unhealed")
-        return self._run(name, case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
+        run = self._run(name, case, suggestion, len(prompt.ids), build_ms, result, prompt.healed)
+        if log_prob:
+            run.line_log_prob = line_log_prob(self.engine, prompt.ids, prompt.healed, case.expected)
+        return run
 
     @staticmethod
     def _run(
@@ -276,6 +288,31 @@ class Variants:
             healed,
             result.stats.new_tokens,
         )
+
+
+def line_log_prob(engine: Any, ids: Sequence[int], healed: str, expected: str) -> float:
+    """The mean log-probability per token the model gives the true line and its newline after the
+    prompt ``ids`` (first the text healing backed up over, unscored), teacher-forced: a finer
+    measure than the exact line, which moves by whole cases, and one that scores what a prompt
+    makes of the line whatever greedy decoding would have written instead."""
+    import torch
+
+    forward = engine.target.forward
+    line = engine.encode(healed + expected + "\n")
+    owed, spelled = 0, 0  # the line's first tokens that only spell the healed text
+    for token in line:
+        spelled += len(engine.decode([token]))
+        if spelled > len(healed):
+            break
+        owed += 1
+    with torch.inference_mode():
+        cache = forward.new_cache()
+        rows = [forward(list(ids), cache, keep=1)]
+        if len(line) > 1:
+            rows.append(forward(line[:-1], cache))
+        scores = torch.log_softmax(torch.cat(rows).float(), -1)
+    picked = scores[torch.arange(len(line)), torch.tensor(line)]
+    return round(float(picked[owed:].mean()), 4)
 
 
 # -- keystrokes ------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ Why this shape:
   prompt). No other document is open: what differs is only what this feature adds. Both run on
   each case before the next starts, in alternating order.
 * Scored as ``benchmarks.quality``: exact line (trailing whitespace aside) and edit similarity;
+  and the true line's mean log-probability per token (``quality.line_log_prob``), with the share
+  of cases where the cross-file prompt raises it: at a few hundred cases one exact line is a
+  third of a point, and a prompt that makes the line likelier often still misses it by a token;
   cost as prompt tokens and the time to build the prompt (p50, p95).
 * ``--cost-model`` (e.g. the Qwen2.5-Coder 0.5B replica's tokenizer, which has the repository
   layout): the same prompts built with that tokenizer, costs only (a random-weight replica's
@@ -145,7 +148,7 @@ def run_case(variants: Variants, case: Case, table: SymbolTable, order: Sequence
     for name in order:
         on = name == "cross_file"
         record.runs[name] = variants.context(
-            case, name=name, uri=uri, cross_file=on, symbols=table if on else None
+            case, name=name, uri=uri, log_prob=True, cross_file=on, symbols=table if on else None
         )
     return record
 
@@ -253,24 +256,32 @@ def summarize(results: Sequence[CaseResult], project_of: dict[str, str]) -> dict
             out[group][v] = {
                 "exact": round(sum(r.exact for r in runs) / len(runs), 4),
                 "edit_similarity": round(statistics.fmean(r.similarity for r in runs), 4),
+                "line_log_prob": round(statistics.fmean(r.line_log_prob or 0.0 for r in runs), 4),
                 **_cost_summary([r.prompt_tokens for r in runs], [r.build_ms for r in runs]),
             }
         single, cross = out[group]["single_file"]["exact"], out[group]["cross_file"]["exact"]
         out[group]["exact_ratio"] = round(cross / single, 3) if single else None
+        raised = [m.runs["cross_file"].line_log_prob > m.runs["single_file"].line_log_prob for m in members]
+        out[group]["log_prob_raised"] = round(sum(raised) / len(members), 4)
         added = sorted(m.runs["cross_file"].build_ms - m.runs["single_file"].build_ms for m in members)
         out[group]["added_build_ms_p95"] = round(added[min(len(added) - 1, int(0.95 * len(added)))], 2)
     return out
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    columns = f"{'exact single/cross':>19} {'ratio':>6} {'edit sim':>13} {'tokens':>11} {'build p95':>12}"
+    columns = (
+        f"{'exact single/cross':>19} {'ratio':>6} {'edit sim':>13} {'log-prob':>13} {'raised':>6} "
+        f"{'tokens':>11} {'build p95':>12}"
+    )
     print(f"{'group':<18} {'n':>4}  {columns}")
     for group, row in summary.items():
         s, c = row["single_file"], row["cross_file"]
         print(
             f"{group:<18} {row['n']:>4}  {s['exact']:>9.3f}/{c['exact']:<9.3f} "
             f"{row['exact_ratio'] or 0:>6.2f} "
-            f"{s['edit_similarity']:>6.3f}/{c['edit_similarity']:<6.3f} {s['prompt_tokens_mean']:>5.0f}/"
+            f"{s['edit_similarity']:>6.3f}/{c['edit_similarity']:<6.3f} "
+            f"{s['line_log_prob']:>6.3f}/{c['line_log_prob']:<6.3f} {row['log_prob_raised']:>6.3f} "
+            f"{s['prompt_tokens_mean']:>5.0f}/"
             f"{c['prompt_tokens_mean']:<5.0f} {s['build_ms_p95']:>5.1f}/{c['build_ms_p95']:<5.1f}ms"
         )
 

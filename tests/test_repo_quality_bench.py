@@ -8,9 +8,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks import repo_quality
+from benchmarks import quality, repo_quality
+from decoding import SpeculativeEngine, load_model
 from lsp_server.context.builder import ContextBuilder, ContextRequest
 from lsp_server.context.tokens import Tokens
 from tests.lsp_helpers import tiny_model_dir, tokenizer_source
@@ -78,5 +80,30 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
     assert 0.0 <= saved["definition_shown"] <= 1.0
     for variant in repo_quality.VARIANTS:
         assert 0.0 <= row[variant]["exact"] <= 1.0 and 0 < row[variant]["prompt_tokens_mean"] <= 128
+        assert row[variant]["line_log_prob"] < 0.0
+    assert 0.0 <= row["log_prob_raised"] <= 1.0
+    case = saved["cases"][0]["runs"]
+    assert all(run["line_log_prob"] < 0.0 for run in case.values())
     share = saved["keystroke_prefix_share"]
     assert 0.5 < share["single_file"] <= 1.0 and 0.5 < share["cross_file"] <= 1.0
+
+
+def test_the_line_log_prob_is_the_models_own_teacher_forced_mean():
+    """Against transformers' forward over the prompt and the line in one pass: what the line's
+    tokens score, from the first one past the text healing backed up over."""
+    model_dir = tiny_model_dir()
+    engine = SpeculativeEngine(load_model(str(model_dir), device="cpu", dtype="float32"))
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cases = (
+        ("def run(rows):\n    value =", "", " settle_ledger(rows, 2)\n"),
+        ("def run(rows):\n", "   ", "    value = settle(rows)\n"),  # its first token: the 3 spaces
+    )
+    for before, healed, line in cases:
+        prompt, ids = engine.encode(before), engine.encode(line)
+        with torch.inference_mode():
+            logits = reference(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+        picked = torch.log_softmax(logits.float(), -1)[torch.arange(len(ids)), torch.tensor(ids)]
+        owed = 1 if healed and engine.decode(ids[:1]) == healed else 0
+        got = quality.line_log_prob(engine, prompt, healed, line[len(healed) :].rstrip("\n"))
+        assert abs(got - float(picked[owed:].mean())) < 1e-3
+        assert owed == (healed != "")

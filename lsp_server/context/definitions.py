@@ -250,12 +250,16 @@ def _entries(symbols: FileSymbols, definition: Definition) -> list[dict[int, str
         members = [m for m in symbols.members(definition.name) if _public(m.name)][:MAX_MEMBERS]
         constructors = [m for m in members if m.name == "__init__"]
         forms = [[definition, *shown] for shown in (members, constructors, [])]
-        return [{d.line: d.text for d in form} for form in forms] + [_bare([definition, *constructors])]
+        return [_full(form) for form in forms] + [_bare([definition, *constructors])]
     shown = [definition]
     if definition.container:
         owners = (d for d in symbols.definitions if d.name == definition.container and not d.container)
         shown += list(owners)[:1]
-    return [{d.line: d.text for d in shown}, _bare(shown)]
+    return [_full(shown), _bare(shown)]
+
+
+def _full(shown: Iterable[Definition]) -> dict[int, str]:
+    return {d.line: d.text for d in shown}
 
 
 def _bare(shown: Iterable[Definition]) -> dict[int, str]:
