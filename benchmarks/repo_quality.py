@@ -256,7 +256,7 @@ def summarize(results: Sequence[CaseResult], project_of: dict[str, str]) -> dict
             out[group][v] = {
                 "exact": round(sum(r.exact for r in runs) / len(runs), 4),
                 "edit_similarity": round(statistics.fmean(r.similarity for r in runs), 4),
-                "line_log_prob": round(statistics.fmean(r.line_log_prob or 0.0 for r in runs), 4),
+                "line_log_prob": round(statistics.fmean(r.line_log_prob for r in runs), 4),
                 **_cost_summary([r.prompt_tokens for r in runs], [r.build_ms for r in runs]),
             }
         single, cross = out[group]["single_file"]["exact"], out[group]["cross_file"]["exact"]

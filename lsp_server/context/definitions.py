@@ -128,7 +128,9 @@ def choose(
             files[symbols.uri] = symbols
             picked.append((symbols.uri, forms))
     for path, forms in picked:
-        any(pages.add(path, form) for form in forms[:-1])  # the fullest that fits
+        for form in forms[:-1]:  # the fullest that fits
+            if pages.add(path, form):
+                break
     while pages.undo and _cost(pages.lines, files, cost) > budget:
         pages.pop()
     return [_excerpt(files[path], page) for path, page in pages.lines.items()]
