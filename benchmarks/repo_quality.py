@@ -19,6 +19,10 @@ Why this shape:
   of cases where the cross-file prompt raises it: at a few hundred cases one exact line is a
   third of a point, and a prompt that makes the line likelier often still misses it by a token;
   cost as prompt tokens and the time to build the prompt (p50, p95).
+* ``--oracle``: a third prompt whose definitions are those of the name the line goes on to use
+  (read from the true line), in the shipped layout and share: the most a better choice of
+  definitions could give this model, which tells a choice that misses the name from a model that
+  does not use it.
 * ``--cost-model`` (e.g. the Qwen2.5-Coder 0.5B replica's tokenizer, which has the repository
   layout): the same prompts built with that tokenizer, costs only (a random-weight replica's
   completions mean nothing).
@@ -41,13 +45,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.quality import Case, CaseResult, Variants, common_prefix
+from lsp_server.context import definitions
 from lsp_server.context.definitions import MAX_DEFINERS
-from lsp_server.context.snippets import identifiers
+from lsp_server.context.snippets import Snippet, identifiers
 from lsp_server.context.symbols import SymbolTable
 
 log = logging.getLogger("benchmarks.repo_quality")
@@ -58,6 +63,7 @@ MIN_LINE_CHARS = 12
 MAX_LINE_CHARS = 120
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "repo_quality.json"
 VARIANTS = ("single_file", "cross_file")
+ORACLE = "oracle_name"  # --oracle's third prompt
 
 
 def project_root(name: str) -> Path:
@@ -134,9 +140,50 @@ def sample_cases(project: str, texts: dict[Path, str], table: SymbolTable, n: in
     return cases
 
 
-def run_case(variants: Variants, case: Case, table: SymbolTable, order: Sequence[str]) -> CaseResult:
-    """Both prompts and completions; the file is parsed first, untimed (the server has its tree from
-    the keystrokes before), so each build time is what a keystroke pays."""
+class NameOracle(definitions.Chooser):
+    """A chooser told the name the line goes on to use (read from the true line, which no server
+    knows): its definitions alone, in the shipped layout and share. What any better choice of
+    definitions could give, at most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = ""
+
+    def choose(
+        self,
+        project: definitions.Project,
+        uri: str,
+        names: Sequence[str],
+        cost: Callable[[str], int],
+        budget: int,
+    ) -> list[Snippet]:
+        return definitions.choose(project, uri, [self.name], cost, budget)
+
+
+@dataclass
+class Oracle:
+    """``--oracle``'s prompts: the server's builder, its definitions from a ``NameOracle``."""
+
+    variants: Variants
+    chooser: NameOracle
+
+    @classmethod
+    def for_engine(cls, engine: Any, budget: int, max_new_tokens: int) -> Oracle:
+        variants, chooser = Variants(engine, budget, max_new_tokens), NameOracle()
+        variants.builder.definitions = chooser
+        return cls(variants, chooser)
+
+
+def run_case(
+    variants: Variants,
+    case: Case,
+    table: SymbolTable,
+    order: Sequence[str],
+    oracle: Oracle | None = None,
+) -> CaseResult:
+    """Both prompts and completions (and the oracle's, last); the file is parsed first, untimed
+    (the server has its tree from the keystrokes before), so each build time is what a keystroke
+    pays."""
     from lsp_server.context.builder import ContextRequest
 
     record = CaseResult({k: v for k, v in asdict(case).items() if k != "text"})
@@ -149,6 +196,11 @@ def run_case(variants: Variants, case: Case, table: SymbolTable, order: Sequence
         on = name == "cross_file"
         record.runs[name] = variants.context(
             case, name=name, uri=uri, log_prob=True, cross_file=on, symbols=table if on else None
+        )
+    if oracle is not None:
+        oracle.chooser.name = cross_file_name(case.expected, Path(case.file), table) or ""
+        record.runs[ORACLE] = oracle.variants.context(
+            case, name=ORACLE, uri=uri, log_prob=True, cross_file=True, symbols=table
         )
     return record
 
@@ -251,7 +303,7 @@ def summarize(results: Sequence[CaseResult], project_of: dict[str, str]) -> dict
     out: dict[str, Any] = {}
     for group, members in groups.items():
         out[group] = {"n": len(members)}
-        for v in VARIANTS:
+        for v in members[0].runs:
             runs = [m.runs[v] for m in members]
             out[group][v] = {
                 "exact": round(sum(r.exact for r in runs) / len(runs), 4),
@@ -284,6 +336,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{s['prompt_tokens_mean']:>5.0f}/"
             f"{c['prompt_tokens_mean']:<5.0f} {s['build_ms_p95']:>5.1f}/{c['build_ms_p95']:<5.1f}ms"
         )
+        if ORACLE in row:
+            o = row[ORACLE]
+            print(
+                f"{'  name oracle':<18} {'':>4}  {o['exact']:>19.3f} {'':>6} {o['edit_similarity']:>13.3f} "
+                f"{o['line_log_prob']:>13.3f}"
+            )
 
 
 def _each_case(cases: Sequence[Case], work: Callable[[int, Case], CaseResult]) -> list[CaseResult]:
@@ -312,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--shown-only", action="store_true", help="only count how often the line's definition is shown"
+    )
+    parser.add_argument(
+        "--oracle", action="store_true", help="a third prompt: the definitions of the line's own name"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -345,9 +406,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {"definition_shown": sum(shown) / max(1, len(cases))}
     engine.generate(engine.encode("def warm_up():\n    return"), None)  # first-call overheads
 
+    oracle = Oracle.for_engine(engine, args.budget, args.max_new_tokens) if args.oracle else None
+
     def work(i: int, case: Case) -> CaseResult:
         order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
-        return run_case(variants, case, tables[project_of[case.file]], order)
+        return run_case(variants, case, tables[project_of[case.file]], order, oracle)
 
     results = _each_case(cases, work)
     summary = summarize(results, project_of)

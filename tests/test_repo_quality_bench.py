@@ -59,6 +59,23 @@ def test_cases_are_code_lines_that_use_another_files_name(tmp_path):
     assert not repo_quality.definition_shown(tokens, 16, case, table)  # no room for definitions
 
 
+def test_the_name_oracle_shows_the_definitions_of_the_lines_own_name_alone(tmp_path):
+    root = project(tmp_path)
+    texts, table = repo_quality.scan(root)
+    cases = repo_quality.sample_cases("harbor", texts, table, 10, 0)
+    case = next(c for c in cases if c.expected.startswith("limit"))
+    tokens = Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(tokenizer_source())))
+    uri = Path(case.file).as_uri()
+    request = ContextRequest(case.text, case.offset, 512, uri=uri, language_id="python", symbols=table)
+    shipped = {s.text.split("\n")[0] for s in ContextBuilder().build(request, tokens).snippets}
+    assert "def settle_ledger_0(amount, rate):" in shipped  # the names near the cursor's
+    builder, oracle = ContextBuilder(), repo_quality.NameOracle()
+    builder.definitions = oracle
+    oracle.name = repo_quality.cross_file_name(case.expected, Path(case.file), table) or ""
+    (excerpt,) = builder.build(request, tokens).snippets
+    assert oracle.name == "HARBOR_LIMIT" and excerpt.text == "HARBOR_LIMIT = 40"
+
+
 def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
     out = tmp_path / "repo_quality.json"
     result = repo_quality.main(
@@ -70,6 +87,7 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
             "--keystroke-lines=1",
             f"--model={tiny_model_dir()}",
             "--cost-model=none",
+            "--oracle",
             f"--out={out}",
         ]
     )
@@ -78,11 +96,12 @@ def test_the_benchmark_runs_end_to_end_on_a_tiny_project(tmp_path):
     row = saved["summary"]["all"]
     assert row["n"] == 3 and saved["summary"]["harbor"]["n"] == 3
     assert 0.0 <= saved["definition_shown"] <= 1.0
-    for variant in repo_quality.VARIANTS:
+    for variant in (*repo_quality.VARIANTS, repo_quality.ORACLE):
         assert 0.0 <= row[variant]["exact"] <= 1.0 and 0 < row[variant]["prompt_tokens_mean"] <= 128
         assert row[variant]["line_log_prob"] < 0.0
     assert 0.0 <= row["log_prob_raised"] <= 1.0
     case = saved["cases"][0]["runs"]
+    assert set(case) == {*repo_quality.VARIANTS, repo_quality.ORACLE}
     assert all(run["line_log_prob"] < 0.0 for run in case.values())
     share = saved["keystroke_prefix_share"]
     assert 0.5 < share["single_file"] <= 1.0 and 0.5 < share["cross_file"] <= 1.0
