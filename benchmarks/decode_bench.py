@@ -285,7 +285,7 @@ class Bench:
             if draft is not None and draft.model is not None:  # transformers' draft, not a graphed one
                 self.peers["hf_assisted"] = {"assistant_model": draft.model}
         pad = getattr(target.tokenizer, "pad_token_id", None)
-        eos = sorted(target.eos_token_ids)
+        eos = sorted(target.end_token_ids)
         self.pad_token_id = pad if pad is not None else (eos[0] if eos else 0)  # silences generate()
 
     @property
@@ -359,7 +359,7 @@ class Bench:
         return out[0, len(ids) :].tolist(), total_ms
 
     def _peer_matches(self, tokens: list[int], plain: GenerationResult) -> tuple[bool, str]:
-        eos = self.target.eos_token_ids
+        eos = self.target.end_token_ids
         cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
         text = self.engine.decode(tokens[:cut]).split("\n", 1)[0]
         kept = plain.token_ids

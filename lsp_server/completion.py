@@ -93,7 +93,7 @@ class Request:
 class Times:
     """A request's clock (``time.monotonic()``), counted from its arrival: the latency the user sees."""
 
-    deadline: float | None  # ``timeBudgetMs``: the decode stops
+    deadline: float | None  # ``timeBudgetMs``: the runtime's rule for it (``finishes_first_line``)
     answer_by: float | None  # ``firstAnswerMs``: a block is answered with the lines it has
 
 
@@ -192,6 +192,10 @@ class CompletionService:
         self.stats.reuse["typed_ahead"] += int(typed_ahead)
         arrived = time.monotonic()  # the budgets count from here, as the scheduler counts its own
         budget_s = settings.time_budget_ms / 1000 or None
+        runtime = self.host.runtime
+        # The local engine finishes the prefill and the first line (the runtime's own rule for the
+        # budget); the scheduler's budget closes a request wherever it is, for a remote engine.
+        hard_budget_s = None if runtime is not None and runtime.finishes_first_line else budget_s
         times = Times(
             deadline=arrived + budget_s if budget_s else None,
             answer_by=arrived + settings.first_answer_ms / 1000 if settings.first_answer_ms else None,
@@ -201,7 +205,7 @@ class CompletionService:
             request.key,
             job,
             debounce_s=0.0 if invoked or typed_ahead else settings.debounce_ms / 1000,
-            budget_s=budget_s,
+            budget_s=hard_budget_s,
         )
         completion, note, final = self._finish(outcome, request)
         self._after_decode(request, outcome, completion, final)
@@ -371,8 +375,8 @@ class CompletionService:
         completion: Completion | None,
         final: bool,
     ) -> None:
-        """Remember the answer, then work ahead: the rest of a block answered early, the decode
-        of a prompt the budget cut short in its prefill, or the usual idle-time work."""
+        """Remember the answer, then work ahead: the rest of a block answered early, or the usual
+        idle-time work."""
         decoded = outcome.value
         shown = completion.text if completion is not None else None
         partial = decoded is not None and decoded.result.stop_reason == "partial"
@@ -383,15 +387,8 @@ class CompletionService:
         if outcome.status != "done":
             return
         ending = request.situation.ending
-        if (
-            outcome.budget_exhausted
-            and decoded is not None
-            and self.idle.cut_in_prefill(decoded.result, request.settings)
-        ):
-            self.idle.warm_up(request.uri, request.settings, request.context, ending)
-        else:
-            asked = (request.context, ending)
-            self.idle.after_answer(request.uri, request.settings, ending if partial else None, asked)
+        asked = (request.context, ending)
+        self.idle.after_answer(request.uri, request.settings, ending if partial else None, asked)
 
     def _key_after(self, request: Request, decoded: Decoded) -> Key | None:
         """The key an identical request will have after this decode: the prompt builder's state

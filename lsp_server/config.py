@@ -49,6 +49,9 @@ class Settings:
     # of them stale (the keystroke replay: benchmarks/README.md, "Measurements behind design
     # choices"). Worth raising for a shared remote engine.
     debounce_ms: int = 0
+    # Per request: a block's whole lines by then, the rest decoded ahead; the local engine always
+    # finishes a prompt's prefill and first line (the answer the user paused for; a line cut
+    # mid-way is a wrong one), a remote engine's stream is closed (``runtime.finishes_first_line``).
     time_budget_ms: int = 2000
     # A multi-line body is answered with the lines ready this long after the request came (as
     # llama.vim's t_max_predict_ms); the rest is decoded ahead for the next request. 0: the whole body.

@@ -1,6 +1,6 @@
 """Idle-time work: what the decode worker does between requests, and when.
 
-Three kinds, all on the local engine only (a remote one keeps nothing here to work on), all as the
+Two kinds, both on the local engine only (a remote one keeps nothing here to work on), all as the
 scheduler's background jobs, which any request pre-empts within one engine step:
 
 - after an answer, index changed open documents as the n-gram drafter's sources (``DraftSources``)
@@ -9,8 +9,6 @@ scheduler's background jobs, which any request pre-empts within one engine step:
   (``prefetch``), so that accepting it and moving on is answered at once; or, where the prompt's
   rows have little room left (``ContextBuilder.needs_renewal``), choose them again and prefill
   the new prompt at that pause, which the next line would else make a keystroke do;
-- a decode whose time budget ran out in its prefill goes on (warm-up), and the editors are told to
-  ask again when it is done (``on_warmed``): the user who paused gets a suggestion without typing;
 - the workspace index (``workspace.py``) is brought up to date at a longer pause.
 
 Only the latest answer's plan is worth doing: a new plan cancels the one before, and work planned
@@ -69,14 +67,11 @@ class IdleWork:
         documents: Callable[[], Mapping[str, TextDocument]],
     ) -> None:
         self.host, self.scheduler, self.stats, self.registry = host, scheduler, stats, registry
-        self.context = context  # the service's prompt builder: the worker's, as a warm-up's prompt is
+        self.context = context  # the service's prompt builder: the worker's, as a renewal's prompt is
         self.workspace = workspace
         self._settings, self._documents = settings, documents
         self.sources = DraftSources()  # other open documents and accepted text, for the n-gram drafter
         self.prefetching = False  # a decode ahead is running on the worker (shown in the stats)
-        # Told (with the document) when a decode a budget cut short has finished as idle work:
-        # the server then has the editors ask again (``lifecycle.ask_again``).
-        self.on_warmed: Callable[[str], None] | None = None
         self._requests_seen = 0  # background work starts only if no request came in meanwhile
         self._planned: asyncio.Task | None = None
         self._planned_uri: str | None = None
@@ -110,25 +105,6 @@ class IdleWork:
         self._plan(uri, self._work_ahead(uri, settings, self._requests_seen, rest, asked))
         if self.workspace.pending:  # e.g. the drafter setting changed: a new drafter, no index yet
             self.index_workspace()
-
-    def cut_in_prefill(self, result: GenerationResult, settings: Settings) -> bool:
-        """Whether a decode the time budget cut short stopped before its first token (a cold
-        prefill) on the local engine, whose KV cache keeps what was prefilled for the rest to go on
-        from."""
-        if self.host.local is None:
-            return False
-        return (
-            result.stop_reason == "cancelled"
-            and result.stats.target_passes == 0
-            and result.stats.known_tokens == 0
-            and settings.kv_cache_mb > 0
-            and settings.decoder == "speculative"
-        )
-
-    def warm_up(self, uri: str, settings: Settings, request: ContextRequest, ending: Ending) -> None:
-        """The budget ran out in the prefill: go on with the decode as idle work (any request
-        pre-empts it), so that the user who paused gets a suggestion without typing again."""
-        self._plan(uri, self._warm(uri, settings, request, ending))
 
     def index_workspace(self) -> None:
         """Bring the workspace index up to date when the worker is idle (files changed, a model
@@ -167,20 +143,6 @@ class IdleWork:
             self.stats.prefetch["renewed"] += int(renewed)
         elif outcome.status == "superseded":
             self.stats.prefetch["preempted"] += 1
-
-    async def _warm(self, uri: str, settings: Settings, request: ContextRequest, ending: Ending) -> None:
-        job = functools.partial(self._warm_job, uri, settings, request, ending)
-        outcome = await self.scheduler.run_background(job)
-        result = outcome.value
-        if result is not None:
-            self.stats.record_prefetch(result)
-        elif outcome.status == "superseded":
-            self.stats.prefetch["preempted"] += 1
-        if outcome.status != "done" or result is None or result.stop_reason == "cancelled":
-            return  # pre-empted: the request that did it has the cache as far as it got
-        self.stats.prefetch["warmed"] += 1
-        if self.on_warmed is not None:
-            self.on_warmed(uri)  # the editors ask only when the user types: ask them now
 
     async def _index_when_idle(self) -> None:
         while self.workspace.pending and self.host.local is not None:
@@ -276,25 +238,6 @@ class IdleWork:
             "adopted" if adopted else "not adopted yet",
         )
         return result, adopted
-
-    def _warm_job(
-        self,
-        uri: str,
-        settings: Settings,
-        request: ContextRequest,
-        ending: Ending,
-        should_stop: Callable[[], bool],
-    ) -> GenerationResult | None:
-        """The request's decode with no budget, its first answer due at once (a block's first
-        whole line is enough for the editor's next request to go on from)."""
-        self.registry.forget_on_worker()
-        runtime = self.host.local
-        if runtime is None:
-            return None
-        prompt = runtime.prompt(self.context, request, None)
-        return runtime.generate(
-            prompt, settings, ending, should_stop, cache_key=uri, answer_by=time.monotonic()
-        )
 
     def _index_job(self, should_stop: Callable[[], bool]) -> bool | None:
         self.registry.forget_on_worker()

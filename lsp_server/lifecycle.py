@@ -7,8 +7,7 @@ the reason; the server stays up and answers empty until a load succeeds.
 
 Editors ask for inline completions only when the user types, so the end of a progress whose token
 starts with ``LOAD_PROGRESS`` is what makes both editor clients ask again where the cursor is
-(LSP has no refresh request for inline completions). ``ask_again`` uses the same signal when a
-decode that a request's budget cut short has finished as idle work.
+(LSP has no refresh request for inline completions).
 """
 
 from __future__ import annotations
@@ -33,14 +32,14 @@ def _supports_progress(ls: LanguageServer) -> bool:
     return bool(window and window.work_done_progress)
 
 
-async def _create_token(ls: LanguageServer, kind: str = "", purpose: str = "the model load") -> str | None:
+async def _create_token(ls: LanguageServer) -> str | None:
     if not _supports_progress(ls):
         return None
-    token = f"{LOAD_PROGRESS}{kind}{uuid.uuid4().hex[:12]}"
+    token = f"{LOAD_PROGRESS}{uuid.uuid4().hex[:12]}"
     try:
         await asyncio.wait_for(ls.work_done_progress.create_async(token), CREATE_TIMEOUT_S)
     except Exception as exc:  # a refusal or no answer: go on, without a progress bar
-        log.warning("no work-done progress for %s (%s)", purpose, exc or type(exc).__name__)
+        log.warning("no work-done progress for the model load (%s)", exc or type(exc).__name__)
         return None
     return token
 
@@ -97,18 +96,6 @@ async def load_model(ls: LanguageServer, host: ModelHost, settings: Settings) ->
         progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {state.error}"))
     ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))
     ls.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=message))
-
-
-async def ask_again(ls: LanguageServer, message: str) -> None:
-    """Have the editors ask again where the cursor is: a progress under ``LOAD_PROGRESS``, begun
-    and ended at once (a client without work-done progress support is not asked)."""
-    token = await _create_token(ls, "ready-", "asking the editor again")
-    if token is None:
-        return
-    ls.work_done_progress.begin(
-        token, types.WorkDoneProgressBegin(title="lsp_server", message=message, cancellable=False)
-    )
-    ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
 
 
 def _describe(settings: Settings) -> str:

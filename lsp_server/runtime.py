@@ -30,6 +30,11 @@ class EngineRuntime(Protocol):
     """Used on the scheduler's worker thread only (``close`` excepted: any thread)."""
 
     kind: str  # "local" or "remote": shown in the model status
+    # True: a request's prefill and its first line are always finished (only a newer keystroke or
+    # a cancel stops them) and ``timeBudgetMs`` ends a block at a line's end; the work a cold
+    # prompt costs is the answer the user paused for, and a line cut mid-way is a wrong one.
+    # False: the budget closes the request wherever it is (a remote engine that may stall).
+    finishes_first_line: bool
 
     def prompt(self, builder: ContextBuilder, request: ContextRequest, deadline: float | None) -> Prompt:
         """The prompt for ``request``, with this runtime's tokenizer, ready by ``deadline``
@@ -50,8 +55,9 @@ class EngineRuntime(Protocol):
         document) selects what is kept across requests (KV cache, greedy chain, streamed text).
         ``answer_by`` (``time.monotonic()``): from then on a multi-line suggestion may be answered
         with the whole lines it has (stop reason "partial") where the runtime keeps the rest for
-        the next request; a runtime that cannot ignores it. Never raises for an engine's failure:
-        an empty result says it."""
+        the next request; a runtime that cannot ignores it. ``deadline``: the request's budget,
+        which a runtime that ``finishes_first_line`` applies at a block's line ends only. Never
+        raises for an engine's failure: an empty result says it."""
         ...
 
     def forget(self, uri: str) -> None:

@@ -67,8 +67,6 @@ class CompletionServer(LanguageServer):
         self.shutdown_requested = False
         self.exit_code: int | None = None
         self._load_task: asyncio.Task | None = None
-        self._asking: set[asyncio.Future] = set()  # telling the editors to ask again
-        self.service.idle.on_warmed = self.ask_again
         self.watching: asyncio.Future | None = None  # asking the client to watch the workspace's files
         self._stopped = False
 
@@ -107,15 +105,6 @@ class CompletionServer(LanguageServer):
         self._load_task = asyncio.ensure_future(lifecycle.load_model(self, self.host, self.settings))
         # A new model has a new drafter and maybe a new tokenizer: the workspace is indexed anew.
         self._load_task.add_done_callback(lambda _: self._stopped or self.service.idle.index_workspace())
-
-    def ask_again(self, uri: str) -> None:
-        """A suggestion for ``uri`` that a request's budget cut short is ready: the editors ask
-        only when the user types, so they are told to ask again (on the event loop)."""
-        if not self._stopped:
-            message = f"suggestion ready for {uri.rsplit('/', 1)[-1]}"
-            task = asyncio.ensure_future(lifecycle.ask_again(self, message))
-            self._asking.add(task)
-            task.add_done_callback(self._asking.discard)
 
     # -- the workspace as a draft source -----------------------------------------------------------
     def scan_workspace(self) -> None:

@@ -102,7 +102,7 @@ class ServerStats:
     )
     prefetch: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("runs", "completed", "preempted", "tokens", "target_passes", "rests", "warmed", "renewed"), 0
+            ("runs", "completed", "preempted", "tokens", "target_passes", "rests", "renewed"), 0
         )
     )
     # excerpts of other files in answered prompts, by kind (``context.snippets.Snippet.kind``)

@@ -47,3 +47,32 @@ def kernel_backend(request, monkeypatch):
     yield request.param
     monkeypatch.undo()
     kernels.cache_clear()
+
+
+def installed_real_model(name: str):
+    """A real model's GGUF (``benchmarks/real_models.py``), or the test skipped saying how to
+    install it (``.ci/run`` installs every one)."""
+    from benchmarks import real_models
+
+    found = real_models.installed_path(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed here: python -m benchmarks.real_models --install {name}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """The real Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) as the server loads it."""
+    from benchmarks.real_models import TARGET
+    from decoding.models.loading import load_model
+
+    return load_model(str(installed_real_model(TARGET)), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def real_draft():
+    """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M): the 1.5B's draft model, one vocabulary."""
+    from benchmarks.real_models import DRAFT
+    from decoding.models.loading import load_model
+
+    return load_model(str(installed_real_model(DRAFT)), device="cpu", draft=True)

@@ -108,9 +108,12 @@ def with_repo() -> Tokens:
     return Tokens.from_tokenizer(smollm2([*FIM_MARKERS, REPO_MARKER]))
 
 
-@pytest.fixture(scope="module")
-def qwen() -> Tokens:
-    """Qwen2.5-Coder's tokenizer: its 151643 byte-level ranks and its added tokens at their ids."""
+@pytest.fixture(scope="module", params=["rebuilt", pytest.param("real file", marks=pytest.mark.real_model)])
+def qwen(request) -> Tokens:
+    """Qwen2.5-Coder's tokenizer: rebuilt from its 151643 byte-level ranks with its added tokens at
+    their ids, and the one the real 0.5B's GGUF gives (as the server loads it)."""
+    if request.param == "real file":
+        return Tokens.from_tokenizer(request.getfixturevalue("real_draft").tokenizer)
     replicas = pytest.importorskip("benchmarks.replicas")
     try:
         folder = replicas.qwen25_coder_tokenizer()

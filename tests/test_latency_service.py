@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from lsp_server import config, lifecycle
 from lsp_server.completion import CompletionService
 from lsp_server.config import Settings
 from lsp_server.documents import LspTextDocument
 from lsp_server.model_host import ModelHost
 from lsp_server.scheduler import Scheduler
-from lsp_server.server import create_server
 from lsp_server.stats import ServerStats
 from tests.lsp_helpers import tiny_model_dir
 
@@ -44,8 +42,6 @@ class Service:
         self.stats = ServerStats()
         self.service = CompletionService(self.host, self.scheduler, self.stats, lambda: self.settings)
         self.uri, self.text = uri, text
-        self.warmed: asyncio.Queue[str] = asyncio.Queue()
-        self.service.idle.on_warmed = self.warmed.put_nowait
 
     async def ask(self, offset: int | None = None, uri: str | None = None) -> str | None:
         offset = len(self.text) if offset is None else offset
@@ -74,7 +70,7 @@ async def started(settings: Settings, uri: str, text: str) -> Service:
     return running
 
 
-# -- a budget that runs out in a cold prefill ------------------------------------------------------
+# -- a budget shorter than a cold prefill ------------------------------------------------------
 
 LONG_FILE = (
     "".join(
@@ -106,39 +102,65 @@ async def tiny() -> AsyncIterator[Service]:
     running.scheduler.close()
 
 
-async def test_a_prefill_the_budget_cut_short_goes_on_when_idle_and_the_editors_ask_again(tiny):
-    """The user typed and paused; the budget ran out in the cold prefill, so the answer is empty.
-    The decode goes on as idle work, the editors are told to ask again when it is done, and
-    asking again is answered from the document's greedy chain with no target pass, as a decode
-    with no budget at all answers it."""
+async def test_a_cold_prefill_longer_than_the_budget_is_finished_and_answered(tiny):
+    """The user typed and paused on a cold prompt whose prefill outlasts ``timeBudgetMs``: the
+    request waits for it and its line (as llama.vim waits for llama-server's first line), and the
+    answer is what a decode with no budget at all and no reuse writes; nothing counts as cut."""
     budget_exhausted = tiny.stats.budget_exhausted
-    assert await tiny.ask() is None
-    assert tiny.stats.budget_exhausted == budget_exhausted + 1
-    assert await asyncio.wait_for(tiny.warmed.get(), WAIT_S) == tiny.uri
-    from_chain = tiny.stats.reuse["from_chain"]
-    again = await tiny.ask()
-    assert tiny.stats.reuse["from_chain"] == from_chain + 1
+    answered = await tiny.ask()
+    assert answered is not None
+    assert tiny.stats.budget_exhausted == budget_exhausted
+    assert tiny.stats.stop_reasons.get("cancelled", 0) == 0
     tiny.settings = replace(tiny.settings, time_budget_ms=0, kv_cache_mb=0)
     try:
-        assert again == await tiny.ask(uri="file:///work/fresh.py")  # no budget, no reuse
+        assert answered == await tiny.ask(uri="file:///work/fresh.py")  # no budget, no reuse
     finally:
         tiny.settings = replace(tiny.settings, time_budget_ms=300, kv_cache_mb=256)
 
 
-async def test_a_request_preempts_the_prefill_going_on_when_idle(tiny):
-    """Any request stops the idle-time prefill at its next pass (as prefetch), and the editors
-    are not asked again for it; the request goes on from what was prefilled."""
+async def test_a_newer_keystroke_stops_the_cold_prefill_and_goes_on_from_it(tiny):
+    """A keystroke during the cold prefill supersedes its request at the next pass (answered
+    empty at once), and the newer request prefills only what the first did not."""
     tiny.text = LONG_FILE.replace("handler_", "route_")  # a cold prompt again
-    assert await tiny.ask() is None
-    warmed = tiny.stats.prefetch["warmed"]
-    tiny.settings = replace(tiny.settings, time_budget_ms=0)
+    first = asyncio.ensure_future(tiny.ask())
+    await asyncio.sleep(0.5)  # part of the way through the prefill
+    tiny.text += "x"  # the user typed on
+    decodes: list[Any] = []
+    record = tiny.stats.record_generation
+    tiny.stats.record_generation = lambda result: (decodes.append(result), record(result))
     try:
-        tiny.text += "x"  # the user typed on
-        assert await tiny.ask() is not None
+        second = await asyncio.wait_for(tiny.ask(), WAIT_S)
     finally:
+        tiny.stats.record_generation = record
+    assert await asyncio.wait_for(first, WAIT_S) is None
+    assert second is not None
+    mine = decodes[-1].stats
+    assert 0 < mine.reused_tokens < mine.prompt_tokens - 8  # went on from the part prefilled
+
+
+async def test_a_single_line_is_never_cut_by_the_budget(tiny):
+    """Every pass of the line's decode is slow (the prompt is warm): the line takes longer than
+    the budget, and is answered whole, as with no budget."""
+    tiny.text = LONG_FILE.replace("handler_", "view_")
+    await tiny.ask()  # the prompt is in the cache now
+    engine = tiny.host.local.engine
+    forward = engine._forward
+
+    def slow_steps(tokens, cache, *rest, **options):
+        time.sleep(0.12)  # six tokens a line: longer than the 300 ms budget
+        return forward(tokens, cache, *rest, **options)
+
+    engine._forward = slow_steps
+    try:
+        tiny.text += "0\n    other = "  # a new line: a few tokens to prefill, then the line
+        passes = tiny.stats.target_passes
+        whole = await tiny.ask()
+        assert tiny.stats.target_passes - passes >= 3  # the premise: 0.36 s of passes or more
+        tiny.settings = replace(tiny.settings, time_budget_ms=0)
+        assert whole == await tiny.ask(uri="file:///work/unbudgeted.py")
+    finally:
+        engine._forward = forward
         tiny.settings = replace(tiny.settings, time_budget_ms=300)
-    await asyncio.sleep(0.5)
-    assert tiny.stats.prefetch["warmed"] == warmed and tiny.warmed.empty()
 
 
 # -- a multi-line body answered with the lines ready at the first-answer budget -------------------
@@ -233,58 +255,3 @@ async def test_rows_nearly_outgrown_are_chosen_again_at_the_pause_before(tiny):
             assert renewed >= 2 and max(fresh) <= 40, (renewed, fresh)
         else:
             assert renewed == 0 and max(fresh) > 100, fresh
-
-
-# -- how the editors are told to ask again --------------------------------------------------------
-
-
-@dataclass
-class Progress:
-    """What a server sent through pygls' work-done progress, in order."""
-
-    sent: list[tuple[str, str, Any]] = field(default_factory=list)
-    refuse: bool = False
-
-    async def create_async(self, token: str) -> None:
-        if self.refuse:
-            raise RuntimeError("refused")
-        self.sent.append(("create", token, None))
-
-    def begin(self, token: str, value: types.WorkDoneProgressBegin) -> None:
-        self.sent.append(("begin", token, value))
-
-    def end(self, token: str, value: types.WorkDoneProgressEnd) -> None:
-        self.sent.append(("end", token, value))
-
-
-@dataclass
-class Client:
-    """Enough of a pygls server for ``lifecycle``: the client's capabilities and progress."""
-
-    work_done_progress: Progress
-    client_capabilities: types.ClientCapabilities
-
-
-def client_with(progress: bool, refuse: bool = False) -> Client:
-    window = types.WindowClientCapabilities(work_done_progress=progress)
-    return Client(Progress(refuse=refuse), types.ClientCapabilities(window=window))
-
-
-async def test_the_editors_are_asked_again_as_when_a_load_ends():
-    """A progress under the load prefix, created, begun and ended: what both editor clients ask
-    again on (``LOAD_PROGRESS_PREFIX`` in the VS Code extension, ``M.LOAD_PROGRESS`` in Neovim's)."""
-    client = client_with(progress=True)
-    await lifecycle.ask_again(client, "suggestion ready for handlers.py")
-    kinds = [kind for kind, _, _ in client.work_done_progress.sent]
-    assert kinds == ["create", "begin", "end"]
-    (token,) = {token for _, token, _ in client.work_done_progress.sent}
-    assert token.startswith("lsp_server/load/")
-    for progress in (False, True):  # no progress support, or a client that refuses the token
-        quiet = client_with(progress=progress, refuse=True)
-        await lifecycle.ask_again(quiet, "suggestion ready")
-        assert quiet.work_done_progress.sent == []
-
-
-def test_the_server_asks_the_editors_again_when_a_cut_short_decode_is_done():
-    server = create_server(config.from_cli())
-    assert server.service.idle.on_warmed == server.ask_again

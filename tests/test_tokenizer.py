@@ -169,5 +169,5 @@ def test_a_gguf_s_first_load_builds_what_transformers_builds_from_it(tmp_path, m
         assert loaded.tokenizer.get_vocab() == reference.get_vocab()
         assert sorted(loaded.tokenizer.all_special_ids) == sorted(reference.all_special_ids)
         assert loaded.max_context == config.max_position_embeddings
-        assert loaded.eos_token_ids == {config.eos_token_id}
+        assert loaded.named_ids().eos == (config.eos_token_id,)
         assert loaded.config.model_type == config.model_type

@@ -85,7 +85,7 @@ class HeadDrafter(Drafter):
         embed: Embed,
         output_rows: torch.Tensor,
         vocab_size: int,
-        eos: set[int],
+        eos: frozenset[int],
         max_draft: int = 8,
         cost: CostModel | None = None,
         bits: int | None = None,
@@ -395,7 +395,7 @@ def load_head_drafter(
     rows = torch.cat([target.forward.output_rows(part).to(dtype) for part in ids.split(2048)])
     log.info("draft head %s (%d tokens scored, %s)", folder, len(ids), f"{bits}-bit" if bits else dtype)
     drafter = HeadDrafter(
-        head, target.forward.embed, rows, target.vocab_size, target.eos_token_ids, max_draft, cost, bits
+        head, target.forward.embed, rows, target.vocab_size, target.end_token_ids, max_draft, cost, bits
     )
     drafter.folder = str(folder)
     return drafter

@@ -128,7 +128,7 @@ class ModelDrafter(Drafter):
         logits = self._sync(tokens)
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
-        eos = self.draft.eos_token_ids
+        eos = self.draft.end_token_ids
         for i in range(k):
             if self._sampling.greedy:
                 token = int(logits.argmax())

@@ -101,7 +101,7 @@ class Run:
     stats: GenerationStats
     generator: torch.Generator | None  # sampling only
     healing: Healing | None
-    eos: set[int]  # the target's end-of-text tokens, looked up once per generation
+    eos: frozenset[int]  # the tokens that end a generation (the target's), looked up once per generation
     generated: list[int] = field(default_factory=list)
     cache: Any = None
 
@@ -181,7 +181,7 @@ class SpeculativeEngine:
         if not prompt:
             bos = getattr(self.target.tokenizer, "bos_token_id", None)
             if bos is None:
-                bos = next(iter(sorted(self.target.eos_token_ids)), 0)
+                bos = next(iter(sorted(self.target.end_token_ids)), 0)
             prompt = [int(bos)]
         return prompt
 
@@ -354,7 +354,7 @@ class SpeculativeEngine:
         if config.required_prefix:
             constraint = PrefixConstraint(self.healing_index, config.required_prefix)
             healing = Healing(constraint, self._healing_masks)
-        return Run(prompt, config, drafter, cancel, stats, generator, healing, self.target.eos_token_ids)
+        return Run(prompt, config, drafter, cancel, stats, generator, healing, self.target.end_token_ids)
 
     def _first_tokens(self, run: Run, cache_key: str | None) -> Borrowed | None:
         """The prefill (with reuse, and a draft riding on it) and the tokens it yields; None when
@@ -450,7 +450,7 @@ class SpeculativeEngine:
         run.stats.draft_ms += (time.perf_counter() - started) * 1000
         return draft
 
-    def _ending_tokens(self, stops: tuple[str, ...], eos: set[int]) -> EndingTokens:
+    def _ending_tokens(self, stops: tuple[str, ...], eos: frozenset[int]) -> EndingTokens:
         """The tokens that end a generation with ``stops`` (memoized: a few stop sets recur)."""
         ends = self._endings.get(stops)
         if ends is None or ends.eos != eos:

@@ -51,7 +51,7 @@ def cut_at_stop(
     decode: Decode,
     generated: list[int],
     stops: tuple[str, ...],
-    eos: set[int],
+    eos: frozenset[int],
     max_new: int,
     prefix: str = "",
     stop_when: StopWhen | None = None,
@@ -111,7 +111,7 @@ class EndingTokens:
 
     decode: Decode
     stops: tuple[str, ...]
-    eos: set[int]
+    eos: frozenset[int]
     _known: dict[int, bool] = field(default_factory=dict)  # memo by token id
 
     def __call__(self, token: int) -> bool:

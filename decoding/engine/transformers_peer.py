@@ -48,7 +48,7 @@ class _StopWhen(StoppingCriteria):
             self.engine.decode,
             new,
             self.config.stops,
-            self.engine.target.eos_token_ids,
+            self.engine.target.end_token_ids,
             self.config.max_new_tokens,
             "",
             self.config.stop_when,
@@ -68,7 +68,7 @@ class TransformersDecoder:
         self.engine, self.draft = engine, draft
         self._passes = 0
         engine.target.model.register_forward_hook(self._count_pass)
-        eos = sorted(engine.target.eos_token_ids)
+        eos = sorted(engine.target.end_token_ids)
         pad = getattr(engine.target.tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (eos[0] if eos else 0)
 
@@ -115,7 +115,7 @@ class TransformersDecoder:
             self.engine.decode,
             new,
             config.stops,
-            self.engine.target.eos_token_ids,
+            self.engine.target.end_token_ids,
             config.max_new_tokens,
             "",
             config.stop_when,

@@ -17,6 +17,7 @@ directory keyed by the file's sha256; later starts load that copy in seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -41,13 +42,17 @@ from decoding.models.discovery import (
     is_gguf_file,
     resolve_model_spec,
 )
+from decoding.models.end_of_generation import NamedIds, end_ids
 from decoding.models.tokenizer import save_plain
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"
 CONVERTED_FORMAT_VERSION = "1"
-METADATA_FORMAT_VERSION = "2"  # 2: named by the header's hash, the tokenizer as transformers built it
+# 2: named by the header's hash, the tokenizer as transformers built it; 3: the end-of-generation ids
+METADATA_FORMAT_VERSION = "3"
+# The end-of-generation tokens a GGUF's header may name besides eos (``tokenizer.ggml.<name>_token_id``)
+GGUF_END_NAMES = ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")
 
 
 @dataclass
@@ -98,21 +103,30 @@ class LoadedModel:
         held = self.forward.max_context
         return context if held is None else min(context, held)
 
-    @property
-    def eos_token_ids(self) -> set[int]:
+    @functools.cached_property
+    def end_token_ids(self) -> frozenset[int]:
+        """The tokens that end a generation (``decoding/models/end_of_generation.py``): the ids the
+        file names, what llama.cpp adds for the vocabulary, and every control token."""
+        vocab = self.tokenizer.get_vocab()
+        control = [i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special]
+        return end_ids(vocab, self.named_ids(), control)
+
+    def named_ids(self) -> NamedIds:
+        """The end-of-generation ids the model's files name: a GGUF's header (``header_config``),
+        or a transformers config, generation config and tokenizer (eos only)."""
         gen_cfg = getattr(self.model, "generation_config", None)
-        sources = (
+        eos: set[int] = set()
+        for source in (
             self.config.eos_token_id,
             getattr(self.tokenizer, "eos_token_id", None),
             getattr(gen_cfg, "eos_token_id", None),
-        )
-        ids: set[int] = set()
-        for source in sources:
+        ):
             if isinstance(source, int):
-                ids.add(source)
+                eos.add(source)
             elif isinstance(source, (list, tuple)):
-                ids.update(int(i) for i in source)
-        return ids
+                eos.update(int(i) for i in source)
+        named = {name: getattr(self.config, f"{name}_token_id", None) for name in GGUF_END_NAMES}
+        return NamedIds(eos=tuple(sorted(eos)), **named)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -304,6 +318,7 @@ def header_config(path: Path) -> dict[str, Any]:
         "bos_token_id": "tokenizer.ggml.bos_token_id",
         "eos_token_id": "tokenizer.ggml.eos_token_id",
         "pad_token_id": "tokenizer.ggml.padding_token_id",
+        **{f"{name}_token_id": f"tokenizer.ggml.{name}_token_id" for name in GGUF_END_NAMES},
     }
     for name, key in named.items():  # None where the file has none (as transformers' config)
         config[name] = int(fields[key]) if key in fields else None

@@ -46,6 +46,7 @@ class LocalRuntime:
     draft_kv_share: float = 0.0  # of that, the draft model's per-document caches' (``kv_share``)
     _peer: TransformersDecoder | None = None  # built on first use
     kind: ClassVar[str] = "local"
+    finishes_first_line: ClassVar[bool] = True
 
     def prompt(self, builder: ContextBuilder, request: ContextRequest, deadline: float | None) -> Prompt:
         """Exact and instant: the engine's own tokenizer (the deadline is the decode's business)."""
@@ -62,8 +63,10 @@ class LocalRuntime:
         answer_by: float | None = None,
     ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
-        document) selects the KV cache and greedy chain to reuse and keep. A multi-line body is
-        answered with its whole lines from ``answer_by`` on, where the chain keeps the rest."""
+        document) selects the KV cache and greedy chain to reuse and keep. ``should_stop`` is a
+        newer keystroke or a cancel: the budget never stops the prefill or cuts a line. A
+        multi-line body is answered with its whole lines from ``answer_by`` on, where the chain
+        keeps the rest, and from ``deadline`` on in any case."""
         from decoding import GenerationConfig
 
         engine = self.engine
@@ -75,7 +78,9 @@ class LocalRuntime:
             required_prefix=prompt.healed,
             stop_strings=prompt.stop_strings,
             stop_when=ending.cut if ending.multiline else None,
-            answer_due=_due_at(answer_by) if ending.multiline and keeps_chains(settings, cache_key) else None,
+            answer_due=_due_at(_earliest(answer_by if keeps_chains(settings, cache_key) else None, deadline))
+            if ending.multiline
+            else None,
         )
         ids = list(prompt.ids)
         if settings.decoder == "transformers":
@@ -171,6 +176,10 @@ def keeps_chains(settings: Settings, cache_key: str | None) -> bool:
         and settings.type_ahead
         and settings.decoder == "speculative"
     )
+
+
+def _earliest(*times: float | None) -> float | None:
+    return min((t for t in times if t is not None), default=None)
 
 
 def _due_at(answer_by: float | None) -> Callable[[float], bool] | None:

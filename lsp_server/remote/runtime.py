@@ -43,6 +43,7 @@ class PromptCounts:
 
 class RemoteRuntime:
     kind = "remote"
+    finishes_first_line = False  # a server that stalls must not hold the request past its budget
 
     def __init__(self, engine: RemoteEngine) -> None:
         self.engine = engine
