@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -130,6 +130,10 @@ class StandInTokenizer:
 
     eos_token_id = None
     bos_token_id = None
+    added_tokens_decoder: ClassVar[dict] = {}
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return "x" * len(ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import sysconfig
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -102,6 +103,11 @@ class PieceTokenizer:
 
     def __len__(self) -> int:
         return len(self.pieces)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.ids)
+
+    added_tokens_decoder: ClassVar[dict] = {}  # no special tokens
 
     def decode(self, tokens, skip_special_tokens: bool = False) -> str:
         return "".join(self.pieces[int(t)] for t in tokens)

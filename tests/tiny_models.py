@@ -7,6 +7,7 @@ model plus the real SmolLM2 tokenizer to a folder, for tests that start the serv
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -75,6 +76,8 @@ class TinyTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return {self.piece(i): i for i in range(self.vocab_size)}
+
+    added_tokens_decoder: ClassVar[dict] = {}  # no special tokens: only the limit ends a generation
 
 
 def loaded(model: LlamaForCausalLM, tokenizer=None) -> LoadedModel:
