@@ -1,7 +1,8 @@
 """Speed and memory on real GGUF files, ours against llama.cpp's server on the same file.
 
 For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
-through ``decoding/forward/native``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
+through ``decoding/forward/native``, Q4_K and Q6_K rows packed at load; ``blocks``: the same kernels
+on the file's own blocks, ``LSP_NATIVE_PACK=0``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
 process of its own (load time, resident memory with the model warm and the freed heap given back as
 the server's worker does between requests, a decode step and verify passes over 2, 4 and 8 tokens
 after ``--context`` tokens, a prefill of ``--context`` tokens), and llama-server (2 threads, the
@@ -92,14 +93,17 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
 
 
 def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LSP_NATIVE": "1" if backend == "native" else "0"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LSP_NATIVE": "0" if backend == "torch" else "1"}
+    if backend == "blocks":  # the native kernels on the file's own blocks, no weight packed
+        env["LSP_NATIVE_PACK"] = "0"
     if args.isa == "avx2":
         env.update(AVX2_ENV)
     cmd = [sys.executable, "-m", "benchmarks.models_bench", "--one", str(path)]
     cmd += ["--context", str(args.context), "--steps", str(args.steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    if result["kernels"] != backend:  # a variant not built for these sources: torch's served instead
+    served = "torch" if backend == "torch" else "native"
+    if result["kernels"] != served:  # a variant not built for these sources: torch's served instead
         variant = env.get("LSP_NATIVE_VARIANT", "native")
         raise SystemExit(
             f"{path.name}: the {variant} native kernels did not load; build them first "

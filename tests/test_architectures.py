@@ -181,6 +181,8 @@ def _file_backed(array: np.ndarray) -> bool:
         if base.base is None:
             return False
         base = base.base
+    if isinstance(base, memoryview):  # numpy.frombuffer's base: a view of the mapping
+        base = base.obj
     return isinstance(base, mmap.mmap)
 
 

@@ -1,9 +1,11 @@
 """llama.cpp's kernels on the lean forward (``decoding/forward/native``): every GGUF type's product is the
 file's weights times the activations as llama.cpp quantizes them, each output computed alone
 (bit for bit the same in any pass), attention each row alone, and the output layer's greedy
-choice certified exact. CI builds the kernels (``.ci/run``); elsewhere these tests need
-``python -m decoding.forward.native --build``; with ``LSP_NATIVE_VARIANT=avx2`` they test the AVX2
-build (``--build --variant avx2``)."""
+choice certified exact. The file's blocks are summed as ggml's vec_dot sums them (bit for bit);
+Q4_K and Q6_K weights packed at load (``kpacked.c``) are summed in another order, within a stated
+bound of the exact product, and a row in a pass of any size bit for bit as alone. CI builds the
+kernels (``.ci/run``); elsewhere these tests need ``python -m decoding.forward.native --build``;
+with ``LSP_NATIVE_VARIANT=avx2`` they test the AVX2 build (``--build --variant avx2``)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,47 @@ if NATIVE is None:
     )
 
 KINDS = [*INT4_KINDS, QType.F16, QType.BF16, QType.F32]
+PACKED_KINDS = [QType.Q4_K, QType.Q6_K]  # packed at load where the build packs (kpacked.c)
+GROUP = NATIVE.lib.lsq_packed_rows()  # weight rows a packed group interleaves (0: none packed)
+
+
+def k_quant_values(kind: QType, raw: np.ndarray, out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact weights (out, n_in) float64 of Q4_K or Q6_K blocks, and the magnitudes of the
+    parts a product adds for each (Q4_K: |d sc q| + |dmin m|; Q6_K: |w|)."""
+    blocks = np.ascontiguousarray(raw).reshape(-1, quants.GGML_QUANT_SIZES[kind][1])
+
+    def half(part: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(part).view(np.float16).astype(np.float64)
+
+    if kind == QType.Q4_K:
+        d, dmin = half(blocks[:, 0:2]), half(blocks[:, 2:4])
+        sc, m = quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+        qs = blocks[:, 16:144].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        q = (qs & 0x0F).reshape(-1, 8, 32).astype(np.float64)  # sub-blocks of 32
+        scaled = d[:, :, None] * sc.reshape(-1, 8, 1).astype(np.float64) * q
+        offset = np.broadcast_to(dmin[:, :, None] * m.reshape(-1, 8, 1).astype(np.float64), scaled.shape)
+        w, parts = scaled - offset, np.abs(scaled) + np.abs(offset)
+    else:
+        ql, qh = blocks[:, :128].astype(np.int64), blocks[:, 128:192].astype(np.int64)
+        scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float64)
+        q = np.empty((len(blocks), 256), dtype=np.int64)
+        for h in range(2):
+            low, high = ql[:, 64 * h : 64 * h + 64], qh[:, 32 * h : 32 * h + 32]
+            for i, (nibbles, shift) in enumerate(
+                ((low[:, :32] & 15, 0), (low[:, 32:] & 15, 2), (low[:, :32] >> 4, 4), (low[:, 32:] >> 4, 6))
+            ):
+                q[:, 128 * h + 32 * i : 128 * h + 32 * i + 32] = nibbles | (((high >> shift) & 3) << 4)
+        w = half(blocks[:, 208:210]) * np.repeat(scales, 16, axis=1) * (q - 32)
+        parts = np.abs(w)
+    return w.reshape(out, n_in), parts.reshape(out, n_in)
+
+
+def packed_rounding(kind: QType, n_in: int) -> float:
+    """How many roundings of 2^-24 an output of a packed product may take, per unit of the sum of
+    its parts' magnitudes times the activations' (kpacked.c): each block's one or two products of
+    scales, integer conversions and fused adds."""
+    blocks = n_in // 256
+    return (2 * blocks + 2 if kind == QType.Q4_K else blocks + 2) * 2**-24 * 1.01
 
 
 def weight(kind: QType, rng: np.random.Generator, out: int = 96) -> tuple[Weight, np.ndarray]:
@@ -85,6 +128,45 @@ def test_a_pass_of_any_row_count_gives_each_row_what_ggmls_vec_dot_gives_it_alon
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
+@pytest.mark.parametrize("kind", PACKED_KINDS, ids=str)
+def test_packed_products_are_the_exact_sums_within_their_rounding_and_each_row_as_alone(kind):
+    """Q4_K and Q6_K rows packed at load, eight or sixteen to a register (kpacked.c): every output
+    is within its bound of the exact product of the file's weights and the activations as
+    quantized (float64), and bit for bit the same in a pass of 1 to 16 rows, a longer pass (a
+    prefill's) and at any offset in it: each row by the same operations whatever its neighbours.
+    Rows of magnitudes 1e-3 to 1e3, one value far above the rest, long weight rows (24 blocks)."""
+    if not GROUP:
+        pytest.skip("this build packs no weights")
+    rng = np.random.default_rng(200 + int(kind))
+    out, n_in = 3 * GROUP, 6144
+    raw = np.ascontiguousarray(random_blocks(kind, rng, out, n_in))
+    packed = NATIVE.pack(Weight(int(kind), raw, n_in))
+    assert packed.packed is not None
+    layer = NativeLinear(NATIVE, [packed])
+    x = torch.randn(40, n_in, generator=torch.Generator().manual_seed(int(kind)))
+    x *= torch.logspace(-3, 3, 40)[:, None]
+    x[4, 11] = 3e4
+    whole = layer(x)
+    seen = NATIVE.activation_rows(int(kind), x).double().numpy()
+    w, parts = k_quant_values(kind, raw, out, n_in)
+    assert np.allclose(w, quants.dequantize(raw, kind).reshape(out, n_in), rtol=2**-22, atol=0)
+    error = np.abs(whole.double().numpy() - seen @ w.T)
+    assert (error <= packed_rounding(kind, n_in) * (np.abs(seen) @ parts.T)).all()
+    for rows in range(1, 17):
+        assert torch.equal(layer(x[:rows]), whole[:rows]), rows
+    for first, rows in ((3, 2), (7, 5), (12, 17), (21, 19), (39, 1)):
+        assert torch.equal(layer(x[first : first + rows]), whole[first : first + rows]), (first, rows)
+
+
+def test_weights_the_build_does_not_pack_keep_the_files_blocks():
+    """Types without packed kernels, and rows that fill no whole group, stay on the file's blocks
+    (summed as vec_dot sums them); a weight side by side with a packed one keeps its own kind."""
+    rng = np.random.default_rng(9)
+    for kind, out in ((QType.Q8_0, 64), (QType.Q4_K, max(GROUP, 8) + 4)):
+        plain = Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, out)), IN)
+        assert NATIVE.pack(plain) is plain
+
+
 @pytest.mark.parametrize("out", [1, 15, 17, 50, 337])
 def test_every_output_is_written_whatever_the_threads_shares(out):
     """The threads split a weight's rows into contiguous shares of 16-row chunks, then help with
@@ -100,6 +182,25 @@ def test_every_output_is_written_whatever_the_threads_shares(out):
     assert got[:, 0].isnan().all() and got[:, -1].isnan().all()  # nothing outside its columns
     scale = x.norm(dim=1)[:, None] * weights.norm(dim=1)[None]  # |x||w|: the activations' rounding
     assert ((got[:, 1:-1] - want).abs() <= 0.02 * scale).all()
+
+
+@pytest.mark.parametrize("groups", [1, 3, 21])
+@pytest.mark.parametrize("kind", PACKED_KINDS, ids=str)
+def test_every_packed_output_is_written_whatever_the_threads_shares(kind, groups):
+    """The threads split a packed weight's groups as they split rows (in 16s), each group whole:
+    any count of groups comes out whole, each output what the weight's product gives it alone."""
+    if not GROUP:
+        pytest.skip("this build packs no weights")
+    rng = np.random.default_rng(groups)
+    out = groups * GROUP
+    packed = NATIVE.pack(Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, out)), IN))
+    x = torch.from_numpy(rng.standard_normal((5, IN), dtype=np.float32))
+    got = torch.full((5, out + 2), float("nan"))
+    NATIVE.product(packed.product_kind, packed.address, out, x, got, 1)
+    assert got[:, 0].isnan().all() and got[:, -1].isnan().all()
+    assert torch.equal(got[:, 1:-1], NativeLinear(NATIVE, [packed])(x))
+    for row in range(5):
+        assert torch.equal(NativeLinear(NATIVE, [packed])(x[row : row + 1])[0], got[row, 1:-1])
 
 
 def test_weights_side_by_side_fill_one_output():
@@ -308,4 +409,102 @@ def test_every_file_takes_the_native_kernels_where_built_unless_asked_otherwise(
     tokens = [(7 * i) % VOCAB for i in range(40)]
     want = model(input_ids=torch.tensor([tokens])).logits[0]
     assert torch.allclose(forward(tokens, forward.new_cache()), want, atol=0.15)
+    kernels.cache_clear()
+
+
+@pytest.mark.parametrize("kind", [QType.Q4_K, QType.Q6_K, QType.Q8_0], ids=lambda k: k.name)
+def test_the_output_layers_bound_holds_for_every_logit(kind):
+    """What the certificate rests on: every logit of the fast product (Q6_K packed where the build
+    packs; Q4_K, whose two parts round by their own magnitudes, on ggml's sums) within its row's
+    norm times its row's slack of the exact product of the file's weights and the activations
+    (float64), whatever the activations' sizes."""
+    vocab, n_in = 512, 1536
+    rng = np.random.default_rng(30 + int(kind))
+    raw = np.ascontiguousarray(random_blocks(kind, rng, vocab, n_in))
+    head = NativeOutputLayer(NATIVE, Weight(int(kind), raw, n_in))
+    assert (head.weight.packed is not None) == (kind == QType.Q6_K and bool(GROUP))
+    if kind in PACKED_KINDS:
+        w, _ = k_quant_values(kind, raw, vocab, n_in)
+    else:
+        w = quants.dequantize(raw, kind).reshape(vocab, n_in).astype(np.float64)
+    x = torch.randn(6, n_in, generator=torch.Generator().manual_seed(2)) * torch.logspace(-2, 2, 6)[:, None]
+    logits, slack = head._approximate(x)
+    bound = head.norms.double().numpy()[None] * slack.double().numpy()
+    assert (np.abs(logits.double().numpy() - x.double().numpy() @ w.T) <= bound).all()
+
+
+def k_quant_gguf(path, layers: int = 2) -> None:
+    """A Qwen2 GGUF of random K-quant blocks as a Q4_K_M file mixes them (Q4_K; Q6_K for v, every
+    other down projection and the untied output layer), 256 wide so that every product packs."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(11)
+    dim, ffn, heads, kv_heads, vocab = 256, 512, 4, 2, 512
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(layers)
+    writer.add_context_length(1024)
+    writer.add_embedding_length(dim)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1e6)
+
+    def add(name: str, kind: QType, rows: int, width: int) -> None:
+        writer.add_tensor(name, random_blocks(kind, rng, rows, width), raw_dtype=kind)
+
+    def vector(name: str, size: int, around: float) -> None:
+        writer.add_tensor(name, (around + 0.1 * rng.standard_normal(size)).astype(np.float32))
+
+    add("token_embd.weight", QType.Q4_K, vocab, dim)
+    add("output.weight", QType.Q6_K, vocab, dim)
+    vector("output_norm.weight", dim, 1.0)
+    kv = kv_heads * dim // heads
+    for i in range(layers):
+        for name, kind, rows, width in (
+            ("attn_q", QType.Q4_K, dim, dim),
+            ("attn_k", QType.Q4_K, kv, dim),
+            ("attn_v", QType.Q6_K, kv, dim),
+            ("attn_output", QType.Q4_K, dim, dim),
+            ("ffn_gate", QType.Q4_K, ffn, dim),
+            ("ffn_up", QType.Q4_K, ffn, dim),
+            ("ffn_down", QType.Q6_K if i % 2 else QType.Q4_K, dim, ffn),
+        ):
+            add(f"blk.{i}.{name}.weight", kind, rows, width)
+        for name, size in (("attn_q", dim), ("attn_k", kv), ("attn_v", kv)):
+            vector(f"blk.{i}.{name}.bias", size, 0.0)
+        vector(f"blk.{i}.attn_norm.weight", dim, 1.0)
+        vector(f"blk.{i}.ffn_norm.weight", dim, 1.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_k_quant_model_computes_each_row_the_same_in_any_pass(tmp_path, monkeypatch):
+    """A model of packed Q4_K and Q6_K weights end to end: the logits of a prefill, steps, verify
+    passes and a pass after a crop, bit for bit whatever the split, and the every-layer call
+    bit for bit the calls one by one."""
+    from decoding.forward.llama import from_gguf
+    from decoding.forward.native import kernels
+
+    monkeypatch.setenv("LSP_NATIVE", "1")
+    kernels.cache_clear()
+    path = tmp_path / "k_quants.gguf"
+    k_quant_gguf(path)
+    shipped, calls = from_gguf(str(path)), from_gguf(str(path))
+    products = [m for layer in shipped.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+    assert all(w.packed is not None for m in products for w in m.weights) == bool(GROUP)
+    assert shipped.native_layers is not None
+    calls.native_layers = None
+    tokens = torch.randint(0, shipped.vocab_size, (90,), generator=torch.Generator().manual_seed(1)).tolist()
+    whole = shipped(tokens, shipped.new_cache())
+    for forward in (shipped, calls):
+        cache, rows, done = forward.new_cache(), [], 0
+        for n in (40, 1, 2, 8, 1, 16, 3, 19):
+            rows.append(forward(tokens[done : done + n], cache))
+            done += n
+        assert torch.equal(torch.cat(rows), whole)
+        cache.crop(-5)
+        assert torch.equal(forward(tokens[85:90], cache), whole[85:90])
     kernels.cache_clear()

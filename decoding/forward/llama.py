@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -689,7 +690,9 @@ class GgufWeights:
         """``dense``: weights as fp32 values; ``kernels``: False keeps the native kernels unloaded
         (the weights go to another device)."""
         self.shape, self.index, self.halves = gguf_index(path)
-        self.data = np.memmap(path, mode="r")
+        with open(path, "rb") as file:
+            self.mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.data = np.frombuffer(self.mapping, dtype=np.uint8)
         self.dense = dense
         native = kernels and not dense
         self.native = kernels_for_files() if native else None
@@ -713,12 +716,29 @@ class GgufWeights:
         t, raw_bytes = self.raw(name)
         return Weight(int(t.kind), raw_bytes.reshape(t.shape[0], -1), t.shape[-1])
 
+    def product_weight(self, name: str) -> Weight:
+        """A weight for the native products: packed where the kernels pack its type (``Kernels.pack``),
+        its file pages then let go of (the packed copy is what the products read; a row looked
+        up in the blocks later maps its page again)."""
+        weight = self.blocks(name)
+        assert self.native is not None
+        packed = self.native.pack(weight)
+        if packed is not weight:
+            self.release(name)
+        return packed
+
+    def release(self, name: str) -> None:
+        """Let go of a tensor's file pages (read again from the page cache where used again)."""
+        t = self.index[name]
+        first = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        self.mapping.madvise(mmap.MADV_DONTNEED, first, t.offset + t.nbytes - first)
+
     def linear(self, kinds: tuple[str, ...], i: int) -> torch.nn.Module:
         names = [f"blk.{i}.{GGUF_NAMES[kind]}.weight" for kind in kinds]
         native = self.native
         if native is None or not all(native.supports(self.index[name].kind) for name in names):
             return self.torch_linear(kinds, i)
-        weights = [self.blocks(name) for name in names]
+        weights = [self.product_weight(name) for name in names]
         return NativeLinear(native, weights, self._column_order(kinds, [w.out_features for w in weights]))
 
     def _column_order(self, kinds: tuple[str, ...], rows: list[int]) -> torch.Tensor | None:
@@ -759,6 +779,8 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
     # embeddings are looked up in the same table.
     tied = "output.weight" not in file.index
     head = _output_layer(file.native, file.blocks("token_embd.weight" if tied else "output.weight"), dense)
+    if not tied and isinstance(head, NativeOutputLayer) and head.weight.packed is not None:
+        file.release("output.weight")  # the products read the packed rows, candidates a few of the file's
     if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
         table = file.blocks("token_embd.weight")
         embed: Embedding = BlockEmbedding(table.blocks, file.index["token_embd.weight"].kind, table.width)

@@ -19,7 +19,9 @@ are certified (issue 38), each of its passes makes a second product of the outpu
 (Q8_0's second 4-bit term), and the keystroke replay on an AVX-512 Xeon answered pauses sooner
 on these kernels at p50 and p95 (``benchmarks/README.md``, 2026-12-05); a cold prefill of a long
 prompt in one pass is what torch's kernel still does faster. ``LSP_NATIVE=1`` or ``0`` forces either;
-``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build. Loaded once per process from the cached build.
+``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build; ``LSP_NATIVE_PACK=0`` keeps every weight on the
+file's blocks (``kpacked.c`` packs none: what ``benchmarks/models_bench.py`` compares). Loaded once
+per process from the cached build.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +63,7 @@ class Kernels:
         lib.lsq_rows.argtypes = [_INT, _POINTER, _I64, _POINTER, _I64, _POINTER]
         lib.lsq_row_norms.argtypes = [_INT, _POINTER, _I64, _I64, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
+        lib.lsq_activation_rows.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER]
         lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
         lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
         lib.lsq_top.argtypes = [_POINTER, _I64, _I64, _I64, _POINTER, _POINTER]
@@ -69,6 +72,8 @@ class Kernels:
         lib.lsq_layers_work.restype, lib.lsq_layers_work.argtypes = _I64, [_POINTER, _I64]
         lib.lsq_layers.argtypes = [_POINTER, _INT, _POINTER, _POINTER, _I64, _I64, _POINTER, _POINTER, _I64]
         lib.lsq_layers.argtypes += [_POINTER] * 3
+        lib.lsq_packed_bytes.restype, lib.lsq_packed_bytes.argtypes = _SIZE, [_INT, _I64, _I64]
+        lib.lsq_pack.argtypes = [_INT, _POINTER, _I64, _I64, _I64, _I64, _POINTER]
         lib.lsq_init(threads)
         self.lib, self.path, self.threads = lib, path, lib.lsq_threads()
         # Kept between products (the library runs one at a time): a decode step makes hundreds of
@@ -80,6 +85,27 @@ class Kernels:
 
     def supports(self, kind: int) -> bool:
         return bool(self.lib.lsq_supports(int(kind)))
+
+    def pack(self, weight: Weight) -> Weight:
+        """``weight`` with its rows packed for this build's interleaved kernels (``kpacked.c``),
+        where it packs the type and the rows fill whole groups; else ``weight`` itself. The
+        groups are split between ``threads`` Python threads (the call lets go of the GIL)."""
+        kind, rows, width = int(weight.kind), weight.out_features, weight.width
+        size = self.lib.lsq_packed_bytes(kind, rows, width)
+        if not size or os.environ.get("LSP_NATIVE_PACK") == "0":
+            return weight
+        packed = torch.empty(size, dtype=torch.uint8)  # torch's allocations are 64-byte aligned
+        groups = rows // self.lib.lsq_packed_rows()
+        shares = np.linspace(0, groups, self.threads + 1).astype(np.int64).tolist()
+
+        def pack(first: int, last: int) -> int:
+            source = weight.blocks.ctypes.data
+            return self.lib.lsq_pack(kind, source, rows, width, first, last - first, packed.data_ptr())
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            if any(pool.map(pack, shares[:-1], shares[1:])):
+                raise RuntimeError(f"packing {rows} rows of type {kind} failed")
+        return replace(weight, packed=packed)
 
     def matmul(
         self,
@@ -267,6 +293,19 @@ class Kernels:
             raise RuntimeError(f"no dequantization for type {kind}")
         return out
 
+    def activation_rows(self, kind: int, x: torch.Tensor) -> torch.Tensor | None:
+        """``x`` (rows, n) fp32 as the products with ``kind``'s rows see it: quantized to their
+        activation type and back (what the tests multiply exactly); None where that cannot be told."""
+        x = x.contiguous()
+        rows, n_in = x.shape
+        out = torch.empty(rows, n_in)
+        row_bytes = self.lib.lsq_row_bytes(self.lib.lsq_vec_dot_type(int(kind)), n_in)
+        scratch = torch.empty(row_bytes + 64, dtype=torch.uint8)
+        done = self.lib.lsq_activation_rows(
+            int(kind), x.data_ptr(), n_in, rows, out.data_ptr(), scratch.data_ptr()
+        )
+        return out if done == 0 else None
+
     def activation_error(self, kind: int, x: torch.Tensor) -> torch.Tensor | None:
         """(rows,): the norm of each row of ``x`` less itself as the products with ``kind``'s rows
         see it (quantized and dequantized again); None where that cannot be told."""
@@ -330,22 +369,34 @@ def _serving() -> Kernels | None:
     return loaded
 
 
+Q4_K = 12  # GGML's type number
+PACKED = 0x10000  # added to a type: the products read the rows packed (``kpacked.h``'s LSQ_PACKED)
+
+
 @dataclass(frozen=True)
 class Weight:
-    """One weight in a GGUF's own blocks: ``blocks`` (out, bytes per row) of GGML type ``kind``."""
+    """One weight in a GGUF's own blocks: ``blocks`` (out, bytes per row) of GGML type ``kind``;
+    ``packed``: the same rows packed for the products (``Kernels.pack``), or None: the products
+    read the blocks. Rows looked up one by one (embeddings, exact logits) read the blocks."""
 
     kind: int
     blocks: np.ndarray
     width: int  # inputs per row
+    packed: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
         return len(self.blocks)
 
+    @property
+    def product_kind(self) -> int:
+        """The type the products are told: ``kind``, marked ``PACKED`` where packed."""
+        return self.kind | PACKED if self.packed is not None else self.kind
+
     @functools.cached_property
     def address(self) -> int:
-        """Where the blocks start (numpy's ``ctypes.data`` costs microseconds a call)."""
-        return self.blocks.ctypes.data
+        """Where the products read the rows (numpy's ``ctypes.data`` costs microseconds a call)."""
+        return self.packed.data_ptr() if self.packed is not None else self.blocks.ctypes.data
 
 
 class WeightGroup:
@@ -354,10 +405,10 @@ class WeightGroup:
 
     def __init__(self, weights: Sequence[Weight]) -> None:
         self.count = len(weights)
-        self.kinds = (ctypes.c_int * self.count)(*(int(w.kind) for w in weights))
+        self.kinds = (ctypes.c_int * self.count)(*(w.product_kind for w in weights))
         self.addresses = (ctypes.c_void_p * self.count)(*(w.address for w in weights))
         self.out_rows = (ctypes.c_int64 * self.count)(*(w.out_features for w in weights))
-        self.distinct_kinds = tuple(dict.fromkeys(int(w.kind) for w in weights))
+        self.distinct_kinds = tuple(dict.fromkeys(w.product_kind for w in weights))
 
 
 class NativeLinear(torch.nn.Module):
@@ -391,7 +442,7 @@ class NativeLinear(torch.nn.Module):
     __call__ = forward
 
     def nbytes(self) -> int:
-        return sum(w.blocks.nbytes for w in self.weights)
+        return sum(w.blocks.nbytes if w.packed is None else w.packed.nbytes for w in self.weights)
 
 
 class NativeOutputLayer(CertifiedOutputLayer):
@@ -403,11 +454,15 @@ class NativeOutputLayer(CertifiedOutputLayer):
 
     def __init__(self, kernels: Kernels, weight: Weight) -> None:
         super().__init__()
-        self.kernels, self.weight = kernels, weight
-        self.linear = NativeLinear(kernels, [weight])
         self.out_features, self.in_features = weight.out_features, weight.width
         self.norms = kernels.row_norms(weight.kind, weight.blocks, weight.width)
         self.norm_max = self.norms.max()
+        # Packed rows are summed in another order (kpacked.c): within the bound above where each
+        # weight is one product (Q6_K); Q4_K's two parts (d sc q less dmin m) round by their own
+        # magnitudes, which can exceed the weight's, so its rows stay on ggml's sums.
+        packs = weight.kind != Q4_K
+        self.kernels, self.weight = kernels, kernels.pack(weight) if packs else weight
+        self.linear = NativeLinear(kernels, [self.weight])
 
     @staticmethod
     def fits(kernels: Kernels, weight: Weight) -> bool:

@@ -26,6 +26,7 @@
 #include "ggml-cpu.h"
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
+#include "kpacked.h"
 #include "krows.h"
 
 #define MAX_THREADS 64
@@ -43,6 +44,11 @@ typedef struct {
     const lsq_rows_kernel_t *rows_kernels;  // several rows at once (krows.c), or NULL: vec_dot
     const lsq_rows_kernel_t *cached_rows_kernels;  // the same without asking for the weights ahead
     const lsq_pair_kernel_t *pair_kernels;  // two weight rows at once (kpairs.c), or NULL
+    const lsq_packed_kernel_t *packed_kernels;  // packed groups of rows (kpacked.c), or NULL
+    const lsq_packed_kernel_t *cached_packed_kernels;  // the same without asking for the weights ahead
+    size_t group_bytes;     // bytes of one packed group
+    const int32_t *extras;  // the activations' extras for packed products (lsq_packed_extras)
+    int64_t extras_row;     // int32s of extras per activation row
     int64_t n_in, n_out, rows;
     float *y;               // (rows, ldy): outputs of this weight at columns 0..n_out
     int64_t ldy;
@@ -105,6 +111,22 @@ static void run_rows(job_t *job, int64_t first, int64_t last) {
     }
 }
 
+// Packed groups of weight rows [first, last) (whole groups) against every activation row,
+// LSQ_PACKED_ACT_ROWS at a time (kpacked.c): the first rows stream a group's weights from memory,
+// the rows after them find them in cache.
+static void run_packed(job_t *job, int64_t first, int64_t last) {
+    const int g_rows = lsq_packed_rows();
+    for (int64_t o = first; o < last; o += g_rows) {
+        const void *w = job->w + (o / g_rows) * job->group_bytes;
+        for (int64_t r = 0; r < job->rows; r += LSQ_PACKED_ACT_ROWS) {
+            int nr = job->rows - r < LSQ_PACKED_ACT_ROWS ? (int) (job->rows - r) : LSQ_PACKED_ACT_ROWS;
+            lsq_packed_kernel_t kernel = (r == 0 ? job->packed_kernels : job->cached_packed_kernels)[nr];
+            kernel((int) job->n_in, w, job->xq + r * job->xq_bytes, job->xq_bytes, job->extras + r * job->extras_row,
+                   (size_t) job->extras_row, job->y + r * job->ldy + o, (size_t) job->ldy);
+        }
+    }
+}
+
 // The chunks of one share, in order, while any is left (its owner and a thread done with its own
 // share may take turns).
 static void run_share(job_t *job, int share) {
@@ -114,6 +136,10 @@ static void run_share(job_t *job, int share) {
         if (chunk >= end) return;
         int64_t first = chunk * CHUNK_ROWS;
         int64_t last = first + CHUNK_ROWS < job->n_out ? first + CHUNK_ROWS : job->n_out;
+        if (job->packed_kernels) {
+            run_packed(job, first, last);
+            continue;
+        }
         if (job->rows_kernels) {
             run_rows(job, first, last);
             continue;
@@ -208,11 +234,11 @@ int lsq_init(int threads) {
 int lsq_threads(void) { return pool.threads; }
 
 // Bytes of one row of n values of ggml type `type`.
-size_t lsq_row_bytes(int type, int64_t n) { return ggml_row_size((enum ggml_type) type, n); }
+size_t lsq_row_bytes(int type, int64_t n) { return ggml_row_size((enum ggml_type) (type & ~LSQ_PACKED), n); }
 
 // The type activations are quantized to for products with `type`'s rows.
 int lsq_vec_dot_type(int type) {
-    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
+    const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED));
     return traits->vec_dot ? (int) traits->vec_dot_type : -1;
 }
 
@@ -273,13 +299,34 @@ static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in,
     return scales.d;
 }
 
+// The extras of Q8_K activation rows for packed products (lsq_packed_extras), kept between calls.
+static struct {
+    int32_t *e;
+    int64_t capacity;
+} extras;
+
+// The extras of the Q8_K rows xq into `extras`; NULL if it cannot grow.
+static const int32_t *packed_extras(const char *xq, int64_t n_in, int64_t rows) {
+    const int64_t blocks = rows * (n_in / QK_K);
+    if (blocks * LSQ_PACKED_EXTRAS > extras.capacity) {
+        int32_t *e = realloc(extras.e, (size_t) (blocks * LSQ_PACKED_EXTRAS) * sizeof(int32_t));
+        if (!e) return NULL;
+        extras.e = e;
+        extras.capacity = blocks * LSQ_PACKED_EXTRAS;
+    }
+    lsq_packed_extras(xq, blocks, extras.e);
+    return extras.e;
+}
+
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
 // vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
-// *yd: their block scales as floats where the type has them (block_scales), else NULL.
+// *yd: their block scales as floats where the type has them (block_scales), else NULL; *ex: for
+// Q8_K activations where this build packs weights, their extras (packed_extras), else NULL.
 static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch,
-                                  const float **yd) {
-    enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot_type;
+                                  const float **yd, const int32_t **ex) {
+    enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
     *yd = NULL;
+    *ex = NULL;
     if (dot_type == GGML_TYPE_F32) return (const char *) x;
     ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
     if (!quantize) return NULL;
@@ -289,19 +336,30 @@ static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_
         *yd = block_scales(dot_type, (const char *) scratch, n_in, rows);
         if (!*yd) return NULL;
     }
+    if (dot_type == GGML_TYPE_Q8_K && lsq_packed_rows()) {
+        *ex = packed_extras((const char *) scratch, n_in, rows);
+        if (!*ex) return NULL;
+    }
     return (const char *) scratch;
 }
 
-// y[r][0..n_out) = the activation rows xq (quantized by quantized_rows, yd their scales) times the
-// n_out weight rows of type `type` at w, transposed; y's rows are ldy floats apart (a column slice
-// of a wider output). `reference`: ggml's vec_dot for every output, on the calling thread (what
-// the tests compare the faster kernels with).
-static void product(int type, const void *w, int64_t n_out, int64_t n_in, const char *xq, const float *yd,
-                    int64_t rows, float *y, int64_t ldy, int reference) {
+// y[r][0..n_out) = the activation rows xq (quantized by quantized_rows, yd their scales, ex their
+// extras) times the n_out weight rows of type `type` at w, transposed; y's rows are ldy floats
+// apart (a column slice of a wider output). A type with LSQ_PACKED: w holds the rows packed
+// (lsq_pack). `reference`: ggml's vec_dot for every output, on the calling thread (what the tests
+// compare the file's blocks' faster kernels with).
+static void product(int packed_type, const void *w, int64_t n_out, int64_t n_in, const char *xq, const float *yd,
+                    const int32_t *ex, int64_t rows, float *y, int64_t ldy, int reference) {
+    const int type = packed_type & ~LSQ_PACKED, packed = packed_type != type;
     const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
     job_t *job = &pool.job;
     job->w = (const char *) w;
     job->row_bytes = ggml_row_size((enum ggml_type) type, n_in);
+    job->packed_kernels = packed ? lsq_packed_kernels(type, 1) : NULL;
+    job->cached_packed_kernels = packed ? lsq_packed_kernels(type, 0) : NULL;
+    job->group_bytes = packed ? lsq_packed_group_bytes(type, n_in) : 0;
+    job->extras = ex;
+    job->extras_row = (n_in / QK_K) * LSQ_PACKED_EXTRAS;
     job->xq = xq;
     job->xq_bytes = ggml_row_size(traits->vec_dot_type, n_in);
     job->yd = yd;
@@ -309,8 +367,8 @@ static void product(int type, const void *w, int64_t n_out, int64_t n_in, const 
     job->vec_dot = traits->vec_dot;
     // krows.c's and kpairs.c's kernels where the type has them, one row included (they ask for
     // the weights ahead, which vec_dot does not); else, and for `reference`, ggml's own vec_dot.
-    job->rows_kernels = reference ? NULL : lsq_rows_kernels(type, 1);
-    job->cached_rows_kernels = reference ? NULL : lsq_rows_kernels(type, 0);
+    job->rows_kernels = reference || packed ? NULL : lsq_rows_kernels(type, 1);
+    job->cached_rows_kernels = reference || packed ? NULL : lsq_rows_kernels(type, 0);
     job->pair_kernels = job->rows_kernels ? lsq_pair_kernels(type) : NULL;
     job->n_in = n_in;
     job->n_out = n_out;
@@ -330,39 +388,33 @@ static void product(int type, const void *w, int64_t n_out, int64_t n_in, const 
     post_and_join();
 }
 
-// y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed.
-// `scratch` holds at least rows * lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes.
-static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
-                  float *y, int64_t ldy, void *scratch, int reference) {
-    if (!pool.ready || !ggml_get_type_traits_cpu((enum ggml_type) type)->vec_dot) return -1;
-    const float *yd;
-    const char *xq = quantized_rows(type, n_in, x, rows, scratch, &yd);
-    if (!xq) return -2;
-    product(type, w, n_out, n_in, xq, yd, rows, y, ldy, reference);
-    return 0;
-}
-
 // Several weights side by side (q, k and v; gate and up) in one call: weight i's n_outs[i] rows
-// of types[i] at ws[i] fill y's next n_outs[i] columns. x is quantized once for weights whose
-// activation type is the one before's (scratch as for matmul). Each output is the same as
-// lsq_matmul's for its weight alone, plus residual's element where residual is not NULL (rows,
-// ldy: a layer's input, which its output adds to).
-int lsq_matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
-                    const float *x, int64_t rows, float *y, int64_t ldy, void *scratch, const float *residual) {
+// of types[i] at ws[i] fill y's next n_outs[i] columns. x (rows, n_in) is quantized once for
+// weights whose activation type is the one before's into scratch (at least rows *
+// lsq_row_bytes(lsq_vec_dot_type(type), n_in) bytes). Each output is the same as lsq_matmul's for
+// its weight alone, plus residual's element where residual is not NULL (rows, ldy: a layer's
+// input, which its output adds to). 0, or a negative code (-3: a packed type that this build does
+// not pack, or `reference` asked of one).
+static int matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
+                       const float *x, int64_t rows, float *y, int64_t ldy, void *scratch, const float *residual,
+                       int reference) {
     if (!pool.ready) return -1;
     int quantized_for = -1;
     const char *xq = NULL;
     const float *yd = NULL;
+    const int32_t *ex = NULL;
     float *first = y;
     for (int i = 0; i < count; i++) {
-        const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) types[i]);
+        const int type = types[i] & ~LSQ_PACKED;
+        const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
         if (!traits->vec_dot) return -1;
+        if (type != types[i] && (reference || !lsq_packed_kernels(type, 0) || n_outs[i] % lsq_packed_rows())) return -3;
         if ((int) traits->vec_dot_type != quantized_for) {
-            xq = quantized_rows(types[i], n_in, x, rows, scratch, &yd);
+            xq = quantized_rows(type, n_in, x, rows, scratch, &yd, &ex);
             if (!xq) return -2;
             quantized_for = (int) traits->vec_dot_type;
         }
-        product(types[i], ws[i], n_outs[i], n_in, xq, yd, rows, y, ldy, 0);
+        product(types[i], ws[i], n_outs[i], n_in, xq, yd, ex, rows, y, ldy, reference);
         y += n_outs[i];
     }
     if (residual) {
@@ -371,6 +423,17 @@ int lsq_matmul_many(int count, const int *types, const void *const *ws, const in
         }
     }
     return 0;
+}
+
+int lsq_matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
+                    const float *x, int64_t rows, float *y, int64_t ldy, void *scratch, const float *residual) {
+    return matmul_many(count, types, ws, n_outs, n_in, x, rows, y, ldy, scratch, residual, 0);
+}
+
+// y[r][0..n_out) = x (rows, n_in) times the n_out weight rows of type `type` at w, transposed.
+static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t rows,
+                  float *y, int64_t ldy, void *scratch, int reference) {
+    return matmul_many(1, &type, &w, &n_out, n_in, x, rows, y, ldy, scratch, NULL, reference);
 }
 
 // out (rows, n) = each row of x (rows, n) over its root mean square, times w: the sum of squares
@@ -485,6 +548,23 @@ int lsq_activation_error(int type, const float *x, int64_t n, int64_t rows, floa
             sum += d * d;
         }
         out[r] = (float) __builtin_sqrt(sum);
+    }
+    return 0;
+}
+
+// Each of `rows` activation rows as the products with `type`'s rows see it: quantized to their
+// activation type and back into out (rows, n). -1 where that type cannot be restored.
+int lsq_activation_rows(int type, const float *x, int64_t n, int64_t rows, float *out, void *scratch) {
+    enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
+    if (dot_type == GGML_TYPE_F32) {
+        for (int64_t i = 0; i < rows * n; i++) out[i] = x[i];
+        return 0;
+    }
+    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    if (!quantize || dot_type == GGML_TYPE_Q8_1) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        quantize(x + r * n, scratch, n);
+        if (restore(dot_type, scratch, out + r * n, n) != 0) return -1;
     }
     return 0;
 }
