@@ -205,11 +205,7 @@ class ReplayClient:
         if self.model:
             args += ["--model", self.model]
         await self.client.start_io(*args)
-        caps = types.ClientCapabilities(
-            text_document=types.TextDocumentClientCapabilities(
-                inline_completion=types.InlineCompletionClientCapabilities()
-            )
-        )
+        caps = self.capabilities()
         folders = None
         if self.workspace is not None:
             folders = [types.WorkspaceFolder(uri=self.workspace.as_uri(), name=self.workspace.name)]
@@ -229,6 +225,14 @@ class ReplayClient:
             await asyncio.sleep(0.2)
         await self._workspace_indexed(deadline)
         self.ready_memory = (await self.stats()).get("process") or {}
+
+    def capabilities(self) -> types.ClientCapabilities:
+        """What the client says it supports: inline completion only (a subclass may add more)."""
+        return types.ClientCapabilities(
+            text_document=types.TextDocumentClientCapabilities(
+                inline_completion=types.InlineCompletionClientCapabilities()
+            )
+        )
 
     async def _workspace_indexed(self, deadline: float) -> None:
         """Type only once the workspace index is built (a user's session is long past that)."""
