@@ -13,7 +13,11 @@ Smaller passes cost throughput, since each pays the fixed part again. Where the 
 large (a model whose weights take a long time to read, a slow CPU), a pass gets at least enough
 tokens that the fixed part is at most half of it (a prefill at most twice as slow as in one long
 pass), and more, up to a fixed part of ``FIXED_SHARE``, while the pass stays within
-``LONGEST_PASS_MS``: that bounds both the prefill's slowdown and the cancel's wait.
+``LONGEST_PASS_MS``: that bounds both the prefill's slowdown and the cancel's wait. The bound is
+a quarter second because a 1.5B model on 2 cores reads its weights in ~50 ms a pass: at a pause
+nothing cancels, and a cold prompt's prefill at twice its one-pass time (the bound of 80 ms
+before) cost whole seconds a request, where a keystroke behind a stale pass waits one pass at
+most, the work it waited for kept for the next prompt.
 Before the fixed part is measured (the first prefill after a load) passes get at least
 ``COLD_PREFILL_TOKENS``, the safe guess for a machine not yet measured.
 """
@@ -30,10 +34,10 @@ from dataclasses import dataclass, field
 # How long one prefill pass should take: the longest a cancel then waits for the pass in flight.
 PREFILL_PASS_MS = 50.0
 # Where fitting ``PREFILL_PASS_MS`` would leave the fixed part more than this share of a pass,
-# a pass gets more tokens (a prefill then at most 1.5 times as slow as in one long pass) ...
-FIXED_SHARE = 1 / 3
+# a pass gets more tokens (a prefill then at most 1.25 times as slow as in one long pass) ...
+FIXED_SHARE = 1 / 5
 # ... as long as it stays this short (a fixed part of more than half a pass is never kept).
-LONGEST_PASS_MS = 80.0
+LONGEST_PASS_MS = 250.0
 # Tokens per pass until the fixed part is measured; a remainder under it joins the pass before it.
 COLD_PREFILL_TOKENS = 16
 # The fewest tokens of a pass that measures a token's part: passes of two or three run the kernels
