@@ -12,8 +12,15 @@ Why this shape:
   ``benchmarks.quality``). Cases come from a seeded RNG.
 * Two prompts, the same budget, the same model, greedy, one line: ``single_file`` is the server
   with ``crossFileContext`` off, ``cross_file`` with it on (the project's definitions in the
-  prompt). No other document is open: what differs is only what this feature adds. Both run on
-  each case before the next starts, in alternating order.
+  prompt). No other document is open: what differs is only what this feature adds. Every prompt
+  runs on each case before the next starts, in an order that rotates, each with a builder of its
+  own, as a document just opened. The project's folder is the editor's workspace folder: the
+  repository layout names the repository and the files by it.
+* ``--layouts``: ``cross_file`` once per ``fimTemplate`` setting named, on the same cases
+  (``cross_file`` for the shipped ``auto``, ``cross_file:qwen`` for ``qwen``, ...): on
+  Qwen2.5-Coder, ``auto`` is the repository layout (``qwen-repo``: the definitions as the other
+  files' own text under their paths) and ``qwen`` the plain FIM prompt with them as comments, so
+  one run tells which layout the model makes the better use of. ``single_file`` keeps ``auto``.
 * Scored as ``benchmarks.quality``: exact line (trailing whitespace aside) and edit similarity;
   and the true line's mean log-probability per token (``quality.line_log_prob``), with the share
   of cases where the cross-file prompt raises it: at a few hundred cases one exact line is a
@@ -28,6 +35,9 @@ Why this shape:
   completions mean nothing).
 * Prefix stability: lines typed character by character, the share of each prompt's tokens the
   previous keystroke's prompt had (what KV reuse can keep), with and without.
+* A real model decodes a few cases a minute on a CPU: ``--shard K/M`` decodes every M-th of the
+  sampled cases from the K-th (the prompt-only measures above cover them all), and ``--merge``
+  sums the shards' saved cases into one summary, so a long run can be cut into short ones.
 
 Run ``python -m benchmarks.repo_quality --help``; see ``benchmarks/README.md``.
 """
@@ -45,11 +55,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.quality import Case, CaseResult, Variants, common_prefix
+from benchmarks.quality import Case, CaseResult, Run, Variants, common_prefix
 from lsp_server.context import definitions
 from lsp_server.context.definitions import MAX_DEFINERS
 from lsp_server.context.snippets import Snippet, identifiers
@@ -62,8 +72,125 @@ DEV_PROJECTS = ("pygls", "pathspec")
 MIN_LINE_CHARS = 12
 MAX_LINE_CHARS = 120
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "repo_quality.json"
-VARIANTS = ("single_file", "cross_file")
-ORACLE = "oracle_name"  # --oracle's third prompt
+SINGLE, CROSS = "single_file", "cross_file"
+VARIANTS = (SINGLE, CROSS)  # the prompts of a run with the shipped layout alone
+ORACLE = "oracle_name"  # --oracle's prompt
+SHIPPED_LAYOUT = "auto"  # the fimTemplate setting the server ships with
+
+
+@dataclass(frozen=True)
+class Prompting:
+    """One of the prompts compared: with or without cross-file context, in which layout, with which
+    of ``TWEAKS`` to the choice of definitions."""
+
+    name: str
+    cross_file: bool
+    fim_template: str = SHIPPED_LAYOUT
+    tweaks: tuple[str, ...] = ()
+
+
+def promptings(layouts: Sequence[str], tweaks: Sequence[str] = ()) -> list[Prompting]:
+    """``single_file`` (the shipped layout) and one ``cross_file`` per ``fimTemplate`` setting in
+    ``layouts``, named ``cross_file`` for the shipped one and ``cross_file:<setting>`` otherwise, so
+    a run with the default layouts has exactly ``VARIANTS``; then one per ``tweaks`` entry (one
+    tweak, or several joined by ``+``), in the shipped layout: ``cross_file+<entry>``."""
+    out = [Prompting(SINGLE, False)]
+    for layout in dict.fromkeys(layouts):
+        name = CROSS if layout == SHIPPED_LAYOUT else f"{CROSS}:{layout}"
+        out.append(Prompting(name, True, layout))
+    for entry in dict.fromkeys(tweaks):
+        unknown = [t for t in entry.split("+") if t not in TWEAKS]
+        if unknown:
+            raise SystemExit(f"--tweaks {entry}: {unknown} not among {list(TWEAKS)}")
+        out.append(Prompting(f"{CROSS}+{entry}", True, SHIPPED_LAYOUT, tuple(entry.split("+"))))
+    return out
+
+
+# What-ifs for the choice of definitions, tried on the --dev projects without changing the server.
+TWEAKS = {
+    "half_share": "the definitions get half their share of the budget (a tenth), the rows the rest",
+    "stubs": "each header with nothing under it gets the body `...`, as in a .pyi stub",
+    "no_modules": "a module's name brings no top-level definitions of it, only the names' own",
+}
+
+
+class Tweaked(definitions.Chooser):
+    """The server's chooser with some of ``TWEAKS`` applied to what it is asked and gives."""
+
+    def __init__(self, tweaks: Sequence[str]) -> None:
+        super().__init__()
+        self.tweaks = frozenset(tweaks)
+
+    def choose(
+        self,
+        project: definitions.Project,
+        uri: str,
+        names: Sequence[str],
+        cost: Callable[[str], int],
+        budget: int,
+    ) -> list[Snippet]:
+        if "half_share" in self.tweaks:
+            budget //= 2
+        if "no_modules" in self.tweaks:
+            project = _NoModules(project.table, project.overlay)
+        chosen = super().choose(project, uri, names, cost, budget)
+        if "stubs" in self.tweaks:
+            chosen = [replace(s, text=stub(s.text)) for s in chosen]
+        return chosen
+
+
+@dataclass(frozen=True)
+class _NoModules(definitions.Project):
+    def modules(self, name: str) -> list[Any]:
+        return []
+
+
+def stub(text: str) -> str:
+    """``text`` with the body ``...`` after each line that ends a header (``:``) with nothing more
+    indented under it: a ``def`` with no body is not code the model saw, a ``.pyi`` stub is."""
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        below = lines[i + 1] if i + 1 < len(lines) else ""
+        bare = line.rstrip().endswith(":") and _indent(below) <= _indent(line)
+        out.append(line.rstrip() + " ..." if bare else line)
+    return "\n".join(out)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip()) if line.strip() else 0
+
+
+def new_builder(prompting: Prompting) -> Any:
+    """A server's builder for ``prompting``: its chooser of definitions tweaked where it says so."""
+    from lsp_server.context.builder import ContextBuilder
+
+    builder = ContextBuilder()
+    if prompting.name == ORACLE:
+        builder.definitions = NameOracle()
+    elif prompting.tweaks:
+        builder.definitions = Tweaked(prompting.tweaks)
+    return builder
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A project as an editor opens it: its folder is the workspace folder (the repository layout's
+    name and paths come from it, as from the editor's), with the symbol table the server builds."""
+
+    name: str
+    root: Path | None  # None: no workspace folder (the repository is found from the file)
+    table: SymbolTable
+
+    def options(self, prompting: Prompting) -> dict[str, Any]:
+        """``ContextRequest``'s fields for ``prompting`` on a case of this project."""
+        on = prompting.cross_file
+        return {
+            "cross_file": on,
+            "symbols": self.table if on else None,
+            "fim_template": prompting.fim_template,
+            "workspace_folders": (self.root.as_uri(),) if self.root is not None else (),
+        }
 
 
 def project_root(name: str) -> Path:
@@ -140,6 +267,14 @@ def sample_cases(project: str, texts: dict[Path, str], table: SymbolTable, n: in
     return cases
 
 
+def shard(cases: Sequence[Case], spec: str) -> list[Case]:
+    """``K/M``: every M-th case from the K-th (0-based), so that M runs decode each case once."""
+    k, m = (int(x) for x in spec.split("/"))
+    if not 0 <= k < m:
+        raise SystemExit(f"--shard {spec}: K/M with 0 <= K < M")
+    return list(cases[k::m])
+
+
 class NameOracle(definitions.Chooser):
     """A chooser told the name the line goes on to use (read from the true line, which no server
     knows): its definitions alone, in the shipped layout and share. What any better choice of
@@ -160,94 +295,97 @@ class NameOracle(definitions.Chooser):
         return definitions.choose(project, uri, [self.name], cost, budget)
 
 
-@dataclass
-class Oracle:
-    """``--oracle``'s prompts: the server's builder, its definitions from a ``NameOracle``."""
+def prompters(
+    engine: Any, prompts: Sequence[Prompting], budget: int, max_new_tokens: int
+) -> dict[str, Variants]:
+    """Each prompt's own builder, as if each were its own server: a builder keeps rows and
+    definitions per document by what its last prompt began with, and one shared by two layouts
+    could carry one's rows into the other's prompt. ``ORACLE``'s chooses definitions with a
+    ``NameOracle``. Prefills in one pass each (no prefill time is reported here)."""
+    out = {}
+    for prompting in prompts:
+        variants = Variants(engine, budget, max_new_tokens)
+        variants.paced_prefill = False
+        variants.builder = new_builder(prompting)
+        out[prompting.name] = variants
+    return out
 
-    variants: Variants
-    chooser: NameOracle
 
-    @classmethod
-    def for_engine(cls, engine: Any, budget: int, max_new_tokens: int) -> Oracle:
-        variants, chooser = Variants(engine, budget, max_new_tokens), NameOracle()
-        variants.builder.definitions = chooser
-        return cls(variants, chooser)
+def request_for(case: Case, budget: int, workspace: Workspace, prompting: Prompting) -> Any:
+    """The ``ContextRequest`` the server would build for ``case`` with ``prompting``'s settings."""
+    from lsp_server.context.builder import ContextRequest
+
+    uri = Path(case.file).as_uri()
+    return ContextRequest(
+        case.text, case.offset, budget, uri=uri, language_id="python", **workspace.options(prompting)
+    )
 
 
 def run_case(
-    variants: Variants,
-    case: Case,
-    table: SymbolTable,
-    order: Sequence[str],
-    oracle: Oracle | None = None,
+    prompts: dict[str, Variants], case: Case, workspace: Workspace, order: Sequence[Prompting]
 ) -> CaseResult:
-    """Both prompts and completions (and the oracle's, last); the file is parsed first, untimed
-    (the server has its tree from the keystrokes before), so each build time is what a keystroke
-    pays."""
-    from lsp_server.context.builder import ContextRequest
-
-    record = CaseResult({k: v for k, v in asdict(case).items() if k != "text"})
-    uri = Path(case.file).as_uri()
-    warm = ContextRequest(
-        case.text, case.offset, variants.budget, uri=uri, language_id="python", cross_file=False
-    )
-    variants.builder.build(warm, variants.tokens)
-    for name in order:
-        on = name == "cross_file"
-        record.runs[name] = variants.context(
-            case, name=name, uri=uri, log_prob=True, cross_file=on, symbols=table if on else None
-        )
-    if oracle is not None:
-        oracle.chooser.name = cross_file_name(case.expected, Path(case.file), table) or ""
-        record.runs[ORACLE] = oracle.variants.context(
-            case, name=ORACLE, uri=uri, log_prob=True, cross_file=True, symbols=table
+    """Every prompt (in ``order``) and its completion. Each case is a document just opened: what a
+    builder kept of another case in the same file (its rows, its choice of definitions) is
+    forgotten, so a case's prompts do not depend on the cases before it (nor a shard's on the other
+    shards). The file is parsed first, untimed (the server has its tree from the keystrokes
+    before), so each build time is what a keystroke pays."""
+    record = CaseResult({k: v for k, v in asdict(case).items() if k != "text"} | {"project": workspace.name})
+    for prompting in order:
+        variants = prompts[prompting.name]
+        request = request_for(case, variants.budget, workspace, prompting)
+        if isinstance(variants.builder.definitions, NameOracle):
+            variants.builder.definitions.name = (
+                cross_file_name(case.expected, Path(case.file), workspace.table) or ""
+            )
+        variants.builder.forget(request.uri)
+        variants.builder.build(request, variants.tokens)
+        record.runs[prompting.name] = variants.context(
+            case, name=prompting.name, uri=request.uri, log_prob=True, **workspace.options(prompting)
         )
     return record
 
 
-def definition_shown(tokens: Any, budget: int, case: Case, table: SymbolTable) -> bool:
-    """Whether the cross-file prompt shows a definition of the name the line goes on to use (its
-    first line, up to the parameters where it has them): what the choice of definitions is for."""
-    from lsp_server.context.builder import ContextBuilder, ContextRequest
+def definition_shown(
+    tokens: Any, budget: int, case: Case, table: SymbolTable, root: Path | None = None
+) -> bool:
+    """Whether the shipped cross-file prompt shows a definition of the name the line goes on to use
+    (its first line, up to the parameters where it has them): what the choice of definitions is
+    for. ``root``: the workspace folder (none: the repository found from the file, as without an
+    editor's)."""
 
     name = cross_file_name(case.expected, Path(case.file), table) or ""
-    uri = Path(case.file).as_uri()
-    request = ContextRequest(
-        case.text, case.offset, budget, uri=uri, language_id="python", cross_file=True, symbols=table
-    )
-    prompt = ContextBuilder().build(request, tokens)
+    request = request_for(case, budget, Workspace("", root, table), Prompting(CROSS, True))
+    prompt = new_builder(Prompting(CROSS, True)).build(request, tokens)
     shown = tokens.decode(list(prompt.ids)) if prompt.ids else prompt.text
     firsts = (d.text.split("\n")[0].strip() for _, d in table.definitions(name))
     firsts = (first.split("(")[0] + "(" if "(" in first else first for first in firsts)
     return any(first and first in shown for first in firsts)
 
 
+def _shown(tokens: Any, budget: int, case: Case, workspace: Workspace) -> bool:
+    return definition_shown(tokens, budget, case, workspace.table, workspace.root)
+
+
 def costs(
     tokens: Any,
     budget: int,
     cases: Sequence[Case],
-    tables: dict[str, SymbolTable],
-    project_of: dict[str, str],
+    workspace_of: dict[str, Workspace],
+    prompts: Sequence[Prompting],
 ) -> dict[str, Any]:
-    """Prompt tokens and build time with another model's tokenizer, both prompts (no decoding)."""
-    from lsp_server.context.builder import ContextBuilder, ContextRequest
+    """Prompt tokens and build time with another model's tokenizer, every prompt (no decoding)."""
 
     out: dict[str, Any] = {}
-    for name in VARIANTS:
-        builder, sizes, times = ContextBuilder(), [], []
-        on = name == "cross_file"
+    for prompting in prompts:
+        builder, sizes, times = new_builder(prompting), [], []
         for case in cases:
-            table = tables[project_of[case.file]]
-            request = ContextRequest(
-                case.text, case.offset, budget, uri=Path(case.file).as_uri(), language_id="python",
-                cross_file=on, symbols=table if on else None,
-            )  # fmt: skip
+            request = request_for(case, budget, workspace_of[case.file], prompting)
             builder.build(request, tokens)  # the file parsed first, as for the model's own prompts
             started = time.perf_counter()
             prompt = builder.build(request, tokens)
             times.append((time.perf_counter() - started) * 1000)
             sizes.append(len(prompt.ids))
-        out[name] = _cost_summary(sizes, times)
+        out[prompting.name] = _cost_summary(sizes, times)
     return out
 
 
@@ -263,16 +401,16 @@ def _cost_summary(sizes: Sequence[int], times: Sequence[float]) -> dict[str, flo
 def keystroke_share(
     variants: Variants,
     cases: Sequence[Case],
-    tables: dict[str, SymbolTable],
-    project_of: dict[str, str],
+    workspace_of: dict[str, Workspace],
     lines: int,
+    prompts: Sequence[Prompting],
 ) -> dict[str, Any]:
     """Type ``lines`` sampled lines and the next line's indentation; per keystroke, the share of
-    the prompt's tokens the previous keystroke's prompt had, with and without cross-file context."""
-    from lsp_server.context.builder import ContextBuilder, ContextRequest
+    each prompt's tokens the previous keystroke's prompt had (with and without cross-file context,
+    in each layout)."""
 
-    totals = {name: [0, 0] for name in VARIANTS}
-    builders = {name: ContextBuilder() for name in VARIANTS}
+    totals = {p.name: [0, 0] for p in prompts}
+    builders = {p.name: new_builder(p) for p in prompts}
     for case in cases[:lines]:
         line_start = case.text.rfind("\n", 0, case.offset) + 1
         indent = case.text[line_start : case.offset]
@@ -280,14 +418,10 @@ def keystroke_share(
         base, rest = case.text[: case.offset], case.text[case.offset :]
         previous: dict[str, list[int]] = {}
         for k in range(len(typed) + 1):
-            text, offset = base + typed[:k] + rest, len(base) + k
-            for name in VARIANTS:
-                on = name == "cross_file"
-                table = tables[project_of[case.file]] if on else None
-                request = ContextRequest(
-                    text, offset, variants.budget, uri=Path(case.file).as_uri(), language_id="python",
-                    cross_file=on, symbols=table,
-                )  # fmt: skip
+            typing = replace(case, text=base + typed[:k] + rest, offset=len(base) + k)
+            for prompting in prompts:
+                name = prompting.name
+                request = request_for(typing, variants.budget, workspace_of[case.file], prompting)
                 ids = list(builders[name].build(request, variants.tokens).ids)
                 if name in previous:
                     totals[name][0] += common_prefix(previous[name], ids)
@@ -296,51 +430,77 @@ def keystroke_share(
     return {name: round(shared / total, 4) if total else None for name, (shared, total) in totals.items()}
 
 
+def _p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2)
+
+
+def _variant_row(members: Sequence[CaseResult], name: str) -> dict[str, Any]:
+    """One prompt's figures over ``members``; against ``single_file`` for every other prompt: the
+    exact line's ratio and the share of cases whose true line it makes likelier."""
+    runs = [m.runs[name] for m in members]
+    row: dict[str, Any] = {
+        "exact": round(sum(r.exact for r in runs) / len(runs), 4),
+        "exact_cases": sum(r.exact for r in runs),
+        "edit_similarity": round(statistics.fmean(r.similarity for r in runs), 4),
+        "line_log_prob": round(statistics.fmean(r.line_log_prob for r in runs), 4),
+        **_cost_summary([r.prompt_tokens for r in runs], [r.build_ms for r in runs]),
+    }
+    if name != SINGLE:
+        single = [m.runs[SINGLE] for m in members]
+        single_exact = sum(s.exact for s in single) / len(single)
+        row["exact_ratio"] = round(row["exact"] / single_exact, 3) if single_exact else None
+        raised = [r.line_log_prob > s.line_log_prob for r, s in zip(runs, single, strict=True)]
+        row["log_prob_raised"] = round(sum(raised) / len(runs), 4)
+        row["gained"] = sum(r.exact and not s.exact for r, s in zip(runs, single, strict=True))
+        row["lost"] = sum(s.exact and not r.exact for r, s in zip(runs, single, strict=True))
+    return row
+
+
+def _listed(name: str) -> tuple[int, str]:
+    """The order prompts are listed in: single-file, the shipped cross-file, other layouts, the
+    oracle (each case ran them in a rotating order)."""
+    first = {SINGLE: 0, CROSS: 1, ORACLE: 3}
+    return first.get(name, 2), name
+
+
 def summarize(results: Sequence[CaseResult], project_of: dict[str, str]) -> dict[str, Any]:
+    """Per project and over all: each prompt's row (``_variant_row``); the shipped cross-file
+    prompt's ratio, raised share and the build time it adds at the group's top level, as before
+    there were layouts to compare."""
     groups: dict[str, list[CaseResult]] = {"all": list(results)}
     for r in results:
         groups.setdefault(project_of[r.case["file"]], []).append(r)
     out: dict[str, Any] = {}
     for group, members in groups.items():
         out[group] = {"n": len(members)}
-        for v in members[0].runs:
-            runs = [m.runs[v] for m in members]
-            out[group][v] = {
-                "exact": round(sum(r.exact for r in runs) / len(runs), 4),
-                "edit_similarity": round(statistics.fmean(r.similarity for r in runs), 4),
-                "line_log_prob": round(statistics.fmean(r.line_log_prob for r in runs), 4),
-                **_cost_summary([r.prompt_tokens for r in runs], [r.build_ms for r in runs]),
-            }
-        single, cross = out[group]["single_file"]["exact"], out[group]["cross_file"]["exact"]
-        out[group]["exact_ratio"] = round(cross / single, 3) if single else None
-        raised = [m.runs["cross_file"].line_log_prob > m.runs["single_file"].line_log_prob for m in members]
-        out[group]["log_prob_raised"] = round(sum(raised) / len(members), 4)
-        added = sorted(m.runs["cross_file"].build_ms - m.runs["single_file"].build_ms for m in members)
-        out[group]["added_build_ms_p95"] = round(added[min(len(added) - 1, int(0.95 * len(added)))], 2)
+        for name in sorted(members[0].runs, key=_listed):
+            out[group][name] = _variant_row(members, name)
+        out[group]["exact_ratio"] = out[group][CROSS]["exact_ratio"]
+        out[group]["log_prob_raised"] = out[group][CROSS]["log_prob_raised"]
+        added = [m.runs[CROSS].build_ms - m.runs[SINGLE].build_ms for m in members]
+        out[group]["added_build_ms_p95"] = _p95(added)
     return out
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    columns = (
-        f"{'exact single/cross':>19} {'ratio':>6} {'edit sim':>13} {'log-prob':>13} {'raised':>6} "
-        f"{'tokens':>11} {'build p95':>12}"
+    """One line per group and prompt: exact (cases), the ratio to single-file, edit similarity,
+    the true line's mean log-prob and the share of cases raised, prompt tokens, build p50/p95."""
+    print(
+        f"{'group':<16} {'prompt':<28} {'n':>4} {'exact':>13} {'ratio':>6} {'edit sim':>8} "
+        f"{'log-prob':>8} {'raised':>6} {'tokens':>6} {'build p50/p95 ms':>16}"
     )
-    print(f"{'group':<18} {'n':>4}  {columns}")
     for group, row in summary.items():
-        s, c = row["single_file"], row["cross_file"]
-        print(
-            f"{group:<18} {row['n']:>4}  {s['exact']:>9.3f}/{c['exact']:<9.3f} "
-            f"{row['exact_ratio'] or 0:>6.2f} "
-            f"{s['edit_similarity']:>6.3f}/{c['edit_similarity']:<6.3f} "
-            f"{s['line_log_prob']:>6.3f}/{c['line_log_prob']:<6.3f} {row['log_prob_raised']:>6.3f} "
-            f"{s['prompt_tokens_mean']:>5.0f}/"
-            f"{c['prompt_tokens_mean']:<5.0f} {s['build_ms_p95']:>5.1f}/{c['build_ms_p95']:<5.1f}ms"
-        )
-        if ORACLE in row:
-            o = row[ORACLE]
+        for name, v in row.items():
+            if not isinstance(v, dict):
+                continue
+            ratio = v.get("exact_ratio")
+            raised = v.get("log_prob_raised")
             print(
-                f"{'  name oracle':<18} {'':>4}  {o['exact']:>19.3f} {'':>6} {o['edit_similarity']:>13.3f} "
-                f"{o['line_log_prob']:>13.3f}"
+                f"{group:<16} {name:<28} {row['n']:>4} {v['exact']:>6.3f} ({v['exact_cases']:>3}) "
+                f"{'' if ratio is None else f'{ratio:.2f}':>6} {v['edit_similarity']:>8.3f} "
+                f"{v['line_log_prob']:>8.3f} {'' if raised is None else f'{raised:.3f}':>6} "
+                f"{v['prompt_tokens_mean']:>6.0f} {v['build_ms_p50']:>7.1f}/{v['build_ms_p95']:<8.1f}"
             )
 
 
@@ -353,7 +513,7 @@ def _each_case(cases: Sequence[Case], work: Callable[[int, Case], CaseResult]) -
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--projects", default=",".join(PROJECTS), help="installed packages (held out) or folders"
@@ -369,57 +529,87 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--layouts",
+        default=SHIPPED_LAYOUT,
+        help="fimTemplate settings, comma-separated: cross_file once in each (auto: the shipped one)",
+    )
+    parser.add_argument(
+        "--tweaks",
+        default="",
+        help=f"cross_file once more per entry, with these what-ifs (joined by +): {', '.join(TWEAKS)}",
+    )
+    parser.add_argument(
         "--shown-only", action="store_true", help="only count how often the line's definition is shown"
     )
     parser.add_argument(
         "--oracle", action="store_true", help="a third prompt: the definitions of the line's own name"
     )
+    parser.add_argument("--shard", default="0/1", help="K/M: decode every M-th sampled case from the K-th")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="JSON", help="sum these shards' cases into --out (no run)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def load_workspaces(projects: Sequence[str], n: int, seed: int) -> tuple[list[Case], dict[str, Workspace]]:
+    """Each project's sampled cases, and each case file's project."""
+    cases: list[Case] = []
+    workspace_of: dict[str, Workspace] = {}
+    for project in projects:
+        root = project_root(project)
+        name = root.name if Path(project).is_dir() else project
+        texts, table = scan(root)
+        workspace = Workspace(name, root, table)
+        found = sample_cases(name, texts, table, n, seed)
+        workspace_of.update((case.file, workspace) for case in found)
+        print(f"{name}: {len(texts)} files, {len(table)} definitions, {len(found)} cases", file=sys.stderr)
+        cases += found
+    return cases, workspace_of
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.merge:
+        return merge(args.merge, args.out)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import torch
 
     from decoding import SpeculativeEngine, load_model
+    from decoding.engine.kv_cache import PrefixCache
 
     projects = list(DEV_PROJECTS) if args.dev else [p for p in args.projects.split(",") if p]
-    cases, tables, project_of = [], {}, {}
-    for project in projects:
-        root = project_root(project)
-        project = root.name if Path(project).is_dir() else project
-        texts, tables[project] = scan(root)
-        found = sample_cases(project, texts, tables[project], args.n, args.seed)
-        project_of.update((case.file, project) for case in found)
-        print(
-            f"{project}: {len(texts)} files, {len(tables[project])} definitions, {len(found)} cases",
-            file=sys.stderr,
-        )
-        cases += found
+    prompts = promptings([x for x in args.layouts.split(",") if x], [x for x in args.tweaks.split(",") if x])
+    cases, workspace_of = load_workspaces(projects, args.n, args.seed)
+    project_of = {file: w.name for file, w in workspace_of.items()}
 
     model = load_model(args.model, device="cpu", dtype="float32")
-    engine = SpeculativeEngine(model)
+    engine = SpeculativeEngine(model, prefix_cache=PrefixCache(1 << 30))  # for line_log_prob's reuse
     variants = Variants(engine, args.budget, args.max_new_tokens)
-    shown = [definition_shown(variants.tokens, args.budget, c, tables[project_of[c.file]]) for c in cases]
+    shown = [_shown(variants.tokens, args.budget, c, workspace_of[c.file]) for c in cases]
     print(f"the line's definition in the cross-file prompt: {sum(shown) / max(1, len(cases)):.3f}")
     if args.shown_only:
         return {"definition_shown": sum(shown) / max(1, len(cases))}
     engine.generate(engine.encode("def warm_up():\n    return"), None)  # first-call overheads
 
-    oracle = Oracle.for_engine(engine, args.budget, args.max_new_tokens) if args.oracle else None
+    decoded = [*prompts, *([Prompting(ORACLE, True)] if args.oracle else [])]
+    builders = prompters(engine, decoded, args.budget, args.max_new_tokens)
 
     def work(i: int, case: Case) -> CaseResult:
-        order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]
-        return run_case(variants, case, tables[project_of[case.file]], order, oracle)
+        turn = i % len(decoded)
+        order = decoded[turn:] + decoded[:turn]  # each prompt first as often as the others
+        return run_case(builders, case, workspace_of[case.file], order)
 
-    results = _each_case(cases, work)
+    results = _each_case(shard(cases, args.shard), work)
     summary = summarize(results, project_of)
     print_summary(summary)
-    share = keystroke_share(variants, cases, tables, project_of, args.keystroke_lines)
+    share = keystroke_share(variants, cases, workspace_of, args.keystroke_lines, prompts)
     print(f"\nshared token prefix with the previous keystroke's prompt: {share}")
     cost = None
     if args.cost_model != "none":
-        cost = costs(_cost_tokens(args.cost_model), args.budget, cases, tables, project_of)
+        cost = costs(_cost_tokens(args.cost_model), args.budget, cases, workspace_of, prompts)
         print(f"{args.cost_model} tokenizer (repository layout), costs: {cost}")
     out = {
         "benchmark": "repo_quality",
@@ -428,6 +618,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "budget": args.budget,
         "seed": args.seed,
         "n_per_project": args.n,
+        "layouts": {p.name: p.fim_template for p in prompts},
+        "shards": [args.shard],
         "summary": summary,
         "definition_shown": round(sum(shown) / max(1, len(cases)), 4),
         "keystroke_prefix_share": share,
@@ -435,10 +627,50 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "environment": _environment(torch),
         "cases": [{**r.case, "runs": {k: asdict(v) for k, v in r.runs.items()}} for r in results],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.out}", file=sys.stderr)
+    _write(out, args.out)
     return out
+
+
+# The settings every shard of one merged run must share.
+_SAME_RUN = ("benchmark", "model", "projects", "budget", "seed", "n_per_project", "layouts")
+
+
+def merge(paths: Sequence[Path], out_path: Path) -> dict[str, Any]:
+    """The shards' cases as one run: its summary recomputed from them; the prompt-only measures
+    (which cover every sampled case in each shard) and the environment from the first shard, every
+    shard's environment kept under ``environments``."""
+    shards = [json.loads(p.read_text()) for p in paths]
+    first = shards[0]
+    for other in shards[1:]:
+        differ = [k for k in _SAME_RUN if other.get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"--merge: the shards differ in {differ}: not one run")
+    done = [k for run in shards for k in run["shards"]]
+    if len(set(done)) != len(done):
+        raise SystemExit(f"--merge: a shard twice ({done})")
+    cases = [c for run in shards for c in run["cases"]]
+    results = [
+        CaseResult({k: v for k, v in c.items() if k != "runs"}, {k: Run(**r) for k, r in c["runs"].items()})
+        for c in cases
+    ]
+    project_of = {c["file"]: c["project"] for c in cases}
+    summary = summarize(results, project_of)
+    print_summary(summary)
+    out = {
+        **first,
+        "shards": done,
+        "summary": summary,
+        "environments": [s["environment"] for s in shards],
+        "cases": cases,
+    }
+    _write(out, out_path)
+    return out
+
+
+def _write(out: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {path}", file=sys.stderr)
 
 
 def _cost_tokens(name: str) -> Any:
@@ -453,19 +685,22 @@ def _cost_tokens(name: str) -> Any:
     return Tokens.from_tokenizer(AutoTokenizer.from_pretrained(str(qwen25_coder_tokenizer())))
 
 
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line's value in ``/proc/cpuinfo`` ("" where there is none)."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    pairs = (line.split(":", 1) for line in lines if ":" in line)
+    return next((value.strip() for key, value in pairs if key.strip() == field), "")
+
+
 def _environment(torch: Any) -> dict[str, Any]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "",
-    )
+    """The machine a run's figures come from: the quality figures do not depend on it, the build
+    times do."""
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": cpu,
+        "cpu": _cpuinfo("model name"),
+        "cpu_family_model": f"{_cpuinfo('cpu family')}/{_cpuinfo('model')}",
+        "cpu_flags": [f for f in _cpuinfo("flags").split() if f.startswith(("avx", "amx", "fma"))],
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
