@@ -1,0 +1,35 @@
+"""Source with a cursor marker, parsed and outlined the way ``ContextBuilder`` does it: the rows
+split after each line end, the cursor's line parsed with a placeholder where the cursor is (Python
+needs a statement there), the cursor column in bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tree_sitter
+
+from lsp_server.context.builder import split_rows
+from lsp_server.context.languages import grammar
+from lsp_server.context.outline import Outline, SyntaxOutline
+from lsp_server.context.syntax import to_bytes
+
+CURSOR = "|"
+
+
+@dataclass
+class Outlined:
+    outline: Outline
+    lines: list[str]
+    row: int  # the cursor's
+
+
+def syntax_outline(language: str, source: str) -> Outlined:
+    """``source`` holds ``CURSOR`` once, after nothing but the indentation of its line."""
+    placeholder = "pass" if language == "python" else ""
+    at = source.index(CURSOR)
+    row = source.count("\n", 0, at)
+    indent = source[source.rfind("\n", 0, at) + 1 : at]
+    assert not indent.strip(), "the cursor must follow only indentation"
+    tree = tree_sitter.Parser(grammar(language)).parse(to_bytes(source.replace(CURSOR, placeholder)))
+    outliner = SyntaxOutline(tree, split_rows(source.replace(CURSOR, "")), language)
+    return Outlined(outliner.outline(row, len(to_bytes(indent))), outliner.lines, row)
