@@ -9,7 +9,7 @@ import json
 from benchmarks import quality
 from benchmarks.naive_context import fit_tokens, plain_window
 from lsp_server.context.builder import MAX_CHARS_PER_TOKEN, ContextRequest
-from tests.lsp_helpers import tiny_model_dir
+from tests.support.lsp import tiny_model_dir
 
 PYTHON = "".join(
     f"def handler_{i}(request, response):\n    response.status = request.code + {i}\n"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.replay import RequestRecord, shown_by_all, summarize
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 
 def write_corpus(folder: Path) -> None:

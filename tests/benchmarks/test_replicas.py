@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks import llama_server, replicas
 
-THREADS = 1  # two shared cores: see tests/test_remote_llama_server.py
+THREADS = 1  # two shared cores: see tests/support/llama_server.py
 
 # What the tokenizer check covers: code (indentation, tabs, CRLF, digits one at a time, operators),
 # text in other scripts and emoji (byte-level pieces of multi-byte characters), and the added tokens

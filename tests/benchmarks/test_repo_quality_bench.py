@@ -17,7 +17,7 @@ from decoding import SpeculativeEngine, load_model
 from lsp_server.context import definitions
 from lsp_server.context.builder import ContextBuilder, ContextRequest
 from lsp_server.context.tokens import Tokens
-from tests.lsp_helpers import tiny_model_dir, tokenizer_source
+from tests.support.lsp import tiny_model_dir, tokenizer_source
 
 LIBRARY = (
     "".join(f"def settle_ledger_{i}(amount, rate):\n    return amount * rate + {i}\n\n\n" for i in range(4))

@@ -1,6 +1,6 @@
 """End to end in a real Neovim: the plugin in editors/nvim, the real server, the embedded model.
 
-Headless Neovim starts with only the plugin (tests/nvim/init.lua), opens a real Python file, and
+Headless Neovim starts with only the plugin (tests/support/nvim_init.lua), opens a real Python file, and
 is typed into through its input API. Every test runs in three editors: NVIM 0.12 with its own
 vim.lsp.inline_completion ('native', the default there), NVIM 0.12 forced onto the plugin's
 extmark ghost text (ghost_text = 'extmark'), and NVIM 0.11.4, where that is the default.
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lsp_server.config import Settings
-from tests.nvim_helpers import Editor, pending, stale_drawings
+from tests.support.nvim import Editor, pending, stale_drawings
 
 pytestmark = pytest.mark.real_model
 
@@ -452,7 +452,7 @@ def test_a_missing_server_is_reported_once_and_by_checkhealth(tmp_path):
 def test_one_setting_points_the_plugin_at_a_running_llama_server(tmp_path):
     """Issue 16: the plugin passes the endpoint through; the suggestion is the local engine's."""
     from benchmarks.llama_server import LlamaServer, llama_server_binary
-    from tests.test_remote_llama_server import THREADS, gguf
+    from tests.support.llama_server import THREADS, gguf
 
     with LlamaServer(gguf(), binary=llama_server_binary(), threads=THREADS) as server:
         source = tmp_path / "point.py"

@@ -20,7 +20,7 @@ import pytest
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.gguf_header import read_header
 from decoding.models.end_of_generation import NamedIds, end_ids, llama_cpp_end_ids
-from tests.conftest import installed_real_model
+from tests.support.real_models import installed_real_model
 
 QWEN_ENDS = {"<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
 
@@ -188,7 +188,7 @@ TEMPLATES = {
 @pytest.mark.real_model
 @pytest.mark.asyncio
 async def test_the_server_never_shows_special_text_with_any_fim_template():
-    from tests import lsp_helpers as h
+    from tests.support import lsp as h
 
     path = installed_real_model("qwen2.5-coder-0.5b")
     client, _ = await h.start_initialized(model=path, options={"timeBudgetMs": 0})

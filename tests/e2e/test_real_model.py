@@ -7,8 +7,6 @@ import json
 import random
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,38 +15,9 @@ from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.llama import LlamaForward
 from decoding.models.loading import ModelLoadError, check_draft_compatible, load_model
+from tests.support.stdlib_prompts import STDLIB, stdlib_prompts
 
 pytestmark = pytest.mark.real_model
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-FILES = [
-    "json/encoder.py",
-    "textwrap.py",
-    "shlex.py",
-    "fractions.py",
-    "bisect.py",
-    "heapq.py",
-    "csv.py",
-    "string.py",
-    "dataclasses.py",
-    "functools.py",
-]
-
-
-def stdlib_prompts(count: int, prompt_chars: int = 900, seed: int = 0) -> list[str]:
-    """Text before a cursor placed after the indentation of a non-blank line of real code."""
-    rng = random.Random(seed)
-    prompts = []
-    while len(prompts) < count:
-        text = (STDLIB / FILES[len(prompts) % len(FILES)]).read_text()
-        lines = text.splitlines(keepends=True)
-        index = rng.randrange(20, len(lines) - 1)
-        if len(lines[index].strip()) < 12:
-            continue
-        offset = sum(len(line) for line in lines[:index])
-        indent = len(lines[index]) - len(lines[index].lstrip())
-        prompts.append(text[max(0, offset + indent - prompt_chars) : offset + indent])
-    return prompts
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +88,7 @@ def test_edge_prompts_on_the_real_model(default_model):
 
 
 def test_mismatched_draft_model_is_refused(default_model):
-    from tests.tiny_models import loaded, tiny_model
+    from tests.support.tiny_models import loaded, tiny_model
 
     with pytest.raises(ModelLoadError, match="vocabulary"):
         check_draft_compatible(default_model, loaded(tiny_model(0)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from lsp_server.lifecycle import CREATE_TIMEOUT_S
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 INLINE = "textDocument/inlineCompletion"
 

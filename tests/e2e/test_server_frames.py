@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 
 def stats_frame(msg_id: int, length_delta: int = 0) -> bytes:

@@ -11,7 +11,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 INVALID_PARAMS, METHOD_NOT_FOUND = -32602, -32601
 VARIANTS = ("absent", "null", "empty object")

@@ -12,7 +12,7 @@ import sys
 import pytest
 from lsprotocol import types
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 INVALID_PARAMS, INVALID_REQUEST, NOT_INITIALIZED = -32602, -32600, -32002
 INLINE = "textDocument/inlineCompletion"

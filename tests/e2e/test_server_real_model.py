@@ -6,7 +6,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 

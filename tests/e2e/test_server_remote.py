@@ -28,8 +28,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 
 from benchmarks.llama_server import LlamaServer, free_port, llama_server_binary
-from tests import lsp_helpers as h
-from tests.test_remote_llama_server import THREADS, gguf
+from tests.support import lsp as h
+from tests.support.llama_server import THREADS, gguf
 
 pytestmark = [pytest.mark.real_model, pytest.mark.asyncio(loop_scope="module")]
 

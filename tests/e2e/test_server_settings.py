@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -23,7 +23,7 @@ DOC_URI = "file:///work/settings.py"
 
 @functools.cache
 def second_model() -> Path:
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     return save_tiny_model(
         Path(tempfile.mkdtemp(prefix="lsp-tiny-model-2-")) / "model", h.tokenizer_source(), seed=1

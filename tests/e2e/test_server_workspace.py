@@ -13,7 +13,7 @@ import pytest
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,7 +13,7 @@ Content-Length, this test failed: the server stopped reading frames and the soak
 from __future__ import annotations
 
 from benchmarks.soak import SoakConfig, soak
-from tests.lsp_helpers import tiny_model_dir
+from tests.support.lsp import tiny_model_dir
 
 STEPS = 1000
 FRAME_KINDS = {

@@ -9,7 +9,7 @@ import pytest
 from lsp_server.brackets import closing_brace, first_stray_closer, lexis_for, unclosed, without_comment
 from lsp_server.ending import Ending
 from lsp_server.postprocess import balance
-from tests.test_context import item_for
+from tests.support.completion_items import item_for
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from lsp_server.documents import LspTextDocument
 from lsp_server.model_host import ModelHost
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats
-from tests.lsp_helpers import tiny_model_dir, tokenizer_source
+from tests.support.lsp import tiny_model_dir, tokenizer_source
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -125,7 +125,7 @@ def notes(records: list[logging.LogRecord]) -> list[str]:
 async def test_a_request_queued_behind_another_document_waits_for_the_worker(service):
     """On the local engine the budget never gives up on a request before its line: one queued
     behind another document's decode past its budget is answered once the worker is free (a
-    remote engine's would expire: ``tests/test_scheduler.py``)."""
+    remote engine's would expire: ``tests/lsp_server/test_scheduler.py``)."""
     release = threading.Event()
     other = service.scheduler.run("inline:file:///other.py", lambda stop: release.wait(30))
     busy = asyncio.ensure_future(other)  # another document's decode holds the worker

@@ -8,7 +8,7 @@ import pytest
 from lsp_server.context.languages import SPECS
 from lsp_server.ending import decide, next_code_line
 from lsp_server.postprocess import indent_unit
-from tests.test_context import item_for
+from tests.support.completion_items import item_for
 
 
 def at(source: str) -> tuple[str, int]:

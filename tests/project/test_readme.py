@@ -18,7 +18,7 @@ import pytest
 
 from lsp_server.config import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DETAIL = ROOT / "docs" / "server.md"  # the same settings with everything each accepts
 MAX_LINES = 420

@@ -52,7 +52,7 @@ def tokenizer_source() -> Path:
 @functools.cache
 def tiny_model_dir() -> Path:
     """A tiny random model with the real tokenizer, saved once per test session."""
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     root = Path(tempfile.mkdtemp(prefix="lsp-tiny-model-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import pynvim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = ROOT / "editors" / "nvim"
-INIT = Path(__file__).resolve().parent / "nvim" / "init.lua"
+INIT = Path(__file__).resolve().parent / "nvim_init.lua"
 WAIT_S = 120.0  # hang guard only: the model loads and answers in seconds, but the machine is loaded
 POLL_S = 0.05
 

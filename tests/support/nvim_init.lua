@@ -1,4 +1,4 @@
--- The whole Neovim configuration of tests/test_editor_nvim.py: this plugin, set up for the real
+-- The whole Neovim configuration of tests/e2e/test_editor_nvim.py: this plugin, set up for the real
 -- server, plus observers that only record what happens (they change nothing):
 --   _G.test.events: inline-completion requests sent / answered / cancelled, and every extmark
 --     drawn with virtual text (the ghost text of either path), in the order they happened, each

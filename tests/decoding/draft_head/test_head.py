@@ -20,7 +20,7 @@ from decoding.draft_head.network import (
     Rotary,
     load_head,
 )
-from decoding.draft_head.training import TEMPERATURES, chain_loss, chain_outputs, held_out
+from decoding.draft_head.training import TEMPERATURES, chain_outputs, held_out
 from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
 from decoding.drafters.draft_head import HeadDrafter
 from decoding.drafters.length import AcceptanceStats, CostModel
@@ -28,55 +28,11 @@ from decoding.engine.kv_cache import PrefixCache
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.engine.verify import SamplingParams
 from decoding.forward.llama import from_transformers
-from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
-from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
-from tests.test_quant import lean_loaded, plain_greedy_pass
-from tests.tiny_models import TINY_VOCAB, TinyTokenizer, tiny_model
-
-# The head scores these tokens of the tiny vocabulary (the rest can never be drafted): 48 rows,
-# whole 16s, so that with ``bits`` they are scored on the 4-bit kernel as the shipped head's are.
-HEAD_VOCAB = torch.arange(16, TINY_VOCAB)
-
-
-def tiny_head(forward, seed: int = 0, vocab: torch.Tensor = HEAD_VOCAB) -> DraftHead:
-    torch.manual_seed(seed)
-    s = forward.shape
-    config = HeadConfig(
-        s.dim, s.heads, s.kv_heads, s.ffn, s.rope_theta, s.norm_eps, True, forward.fingerprint
-    )
-    return DraftHead(config, vocab)
-
-
-def own_sequences(forward, count: int, length: int, seed: int) -> list[list[int]]:
-    """The target's own greedy continuations of random prompts: what the head learns to draft."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(count):
-        prompt = torch.randint(0, TINY_VOCAB, (6,), generator=g).tolist()
-        out.append(prompt + plain_greedy_pass(forward, prompt, length - len(prompt)))
-    return out
-
-
-def hidden_states(forward, tokens: list[int]) -> torch.Tensor:
-    cache = forward.new_cache()
-    forward(tokens, cache)
-    return cache.hidden[: len(tokens)].clone()
-
-
-def trained_tiny_head(forward, steps: int = 120, seed: int = 0) -> DraftHead:
-    head = tiny_head(forward, seed)
-    sequences = own_sequences(forward, 24, 48, seed)
-    tokens = torch.tensor(sequences)
-    hidden = torch.stack([hidden_states(forward, s) for s in sequences])
-    embeds = forward.embed(tokens[:, 1:].reshape(-1)).view(len(sequences), -1, forward.shape.dim)
-    rows = forward.output_rows(head.vocab)
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
-    for _ in range(steps):
-        loss = chain_loss(head, hidden, embeds, rows, depth=2, noise=0.0)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return head.eval()
+from tests.support.draft_heads import own_sequences, tiny_head, trained_tiny_head
+from tests.support.greedy_cases import MAX_NEW, expected_output, make_case
+from tests.support.lean_forward import lean_loaded, plain_greedy_pass
+from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
+from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -576,7 +532,7 @@ def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
     from safetensors.torch import load_file
 
     from decoding.draft_head.training import SHARD_SEQUENCES, Target, features
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     assert SHARD_SEQUENCES == 32
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
@@ -603,7 +559,7 @@ def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, d
     loss down over epochs, a report on held-out files, and the head loads and drafts."""
     from decoding.draft_head.training import main
     from decoding.models.loading import load_model
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
@@ -658,7 +614,7 @@ def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_the
     its rounding: a head trained on one reads the other."""
     from decoding.draft_head.features import BatchFeatures
     from decoding.draft_head.training import Target, main, parse_args, training_source
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)
@@ -713,7 +669,7 @@ def test_train_head_on_cuda_trains_a_head_the_cpu_drafts_with(
     head on the CPU, where the server's drafter loads it."""
     from decoding.draft_head.training import main
     from decoding.models.loading import load_model
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = save_tiny_model(tmp_path / "tiny", default_tokenizer_folder, seed=3)

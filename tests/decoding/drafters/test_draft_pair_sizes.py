@@ -18,9 +18,9 @@ from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.engine.verify import SamplingParams
 from decoding.models.loading import ModelLoadError, check_draft_compatible
-from tests.reference import plain_greedy
-from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
-from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
+from tests.support.reference import plain_greedy
+from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
+from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
 
 TOKENIZER = TINY_VOCAB - 4  # ids every model of the pair has
 SMALL, LARGE = TINY_VOCAB, TINY_VOCAB + 8

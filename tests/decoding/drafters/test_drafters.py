@@ -11,8 +11,8 @@ from decoding.drafters.length import CostModel, best_draft_length, expected_toke
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter, TokenIndex
 from decoding.engine.verify import SamplingParams
-from tests.reference import next_token_logits
-from tests.tiny_models import loaded, tiny_model
+from tests.support.reference import next_token_logits
+from tests.support.tiny_models import loaded, tiny_model
 
 GREEDY = SamplingParams()
 

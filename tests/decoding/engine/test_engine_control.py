@@ -6,8 +6,8 @@ import threading
 
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from tests.reference import plain_greedy
-from tests.tiny_models import loaded, tiny_model
+from tests.support.reference import plain_greedy
+from tests.support.tiny_models import loaded, tiny_model
 
 
 def test_cancel_takes_effect_within_one_step_and_returns_the_prefix():

@@ -17,22 +17,11 @@ from decoding.drafters.base import Draft, Drafter
 from decoding.drafters.corpus import CorpusIndex
 from decoding.drafters.length import CostModel
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from tests.reference import plain_greedy
-from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
+from tests.support.greedy_cases import MAX_NEW, expected_output, make_case, perturbed_copy
+from tests.support.reference import plain_greedy
+from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
 
 NEWLINE = TinyTokenizer().newline_id
-MAX_NEW = 40
-
-
-def perturbed_copy(model, seed: int, scale: float):
-    """A draft that mostly agrees with the target: its weights plus seeded noise."""
-    copy = tiny_model(seed + 1000, layers=model.config.num_hidden_layers)
-    copy.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in copy.parameters():
-            param.add_(torch.randn(param.shape, generator=g) * scale * param.std().clamp(min=1e-3))
-    return copy
 
 
 @pytest.fixture(scope="module")
@@ -49,36 +38,6 @@ def drafts(targets):
     near = [perturbed_copy(t, i, 0.3) for i, t in enumerate(targets)]
     other = [tiny_model(100 + i, layers=1, logit_scale=10.0) for i in range(len(targets))]
     return near, other
-
-
-def make_case(i: int):
-    """Case i: a prompt (often self-repeating, to give n-gram matches) and a stopping variant."""
-    rng = random.Random(i)
-    motif = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 8))]
-    prompt = motif * rng.randint(1, 4) + [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(0, 6))]
-    return rng, prompt[: rng.randint(1, len(prompt))], i % 4
-
-
-def expected_output(reference: list[int], variant: int, rng: random.Random):
-    """The engine's contract applied to plain greedy output: (config kwargs, eos, tokens, text)."""
-    tok = TinyTokenizer()
-    if variant == 0:  # the token limit, often inside a draft
-        limit = rng.randint(1, MAX_NEW)
-        return {"max_new_tokens": limit}, None, reference[:limit], tok.decode(reference[:limit])
-    if variant == 1:  # EOS somewhere in the output, often inside an accepted draft
-        eos = reference[rng.randrange(len(reference))]
-        cut = reference.index(eos)
-        return {"max_new_tokens": MAX_NEW}, eos, reference[:cut], tok.decode(reference[:cut])
-    text = tok.decode(reference)
-    if variant == 2:  # a two-token stop string taken from the output itself
-        start = rng.randrange(len(reference) - 1)
-        stop = text[start : start + 2]
-        cut = text.find(stop)
-        return {"max_new_tokens": MAX_NEW, "stop_strings": (stop,)}, None, reference[:cut], text[:cut]
-    cut = text.find("\n")  # end of line (token NEWLINE), when the output has one
-    if cut < 0:
-        return {"max_new_tokens": MAX_NEW, "stop_at_newline": True}, None, reference, text
-    return {"max_new_tokens": MAX_NEW, "stop_at_newline": True}, None, reference[:cut], text[:cut]
 
 
 def corpus_documents(rng: random.Random, prompt: list[int], reference: list[int]) -> list[list[int]]:

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from decoding.drafters import make_drafter
 from decoding.engine.healing import BLANK, HealingIndex, PrefixConstraint, back_up, token_bytes_table
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from tests.tiny_models import loaded, tiny_model
+from tests.support.tiny_models import loaded, tiny_model
 
 PIECES = [
     "\n",
@@ -296,7 +296,7 @@ def test_drafts_are_verified_while_text_is_owed_and_stay_exact(tiny_targets):
     owed: each row is masked as one masked step at a time would be, so the output is masked
     greedy's, and a draft that spells the owed text is kept (here the target drafts for itself,
     and the owed text is what its own next tokens write, sometimes with a wrong character)."""
-    from tests.reference import plain_greedy
+    from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
     rng = random.Random(11)
@@ -401,7 +401,7 @@ def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
     """Known greedy continuations serve a healed prompt only where they spell the required text,
     and a token healing forced never enters the greedy chain that later requests reuse."""
     from decoding.engine.kv_cache import PrefixCache
-    from tests.reference import plain_greedy
+    from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
     rng = random.Random(5)
@@ -433,7 +433,7 @@ def test_typing_on_inside_a_healed_word_answers_from_the_last_answer_exactly(tin
     answered from what was decoded for the shorter text, with no pass, wherever that is what
     healing the longer text decodes; and always exactly that, after a deletion too."""
     from decoding.engine.kv_cache import PrefixCache
-    from tests.reference import plain_greedy
+    from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
     rng = random.Random(7)

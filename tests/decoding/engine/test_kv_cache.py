@@ -15,8 +15,8 @@ import pytest
 from decoding.drafters import make_drafter
 from decoding.engine.kv_cache import PrefixCache, cache_length
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from tests.reference import plain_greedy
-from tests.tiny_models import TINY_VOCAB, loaded, tiny_model
+from tests.support.reference import plain_greedy
+from tests.support.tiny_models import TINY_VOCAB, loaded, tiny_model
 
 MB = 1 << 20
 

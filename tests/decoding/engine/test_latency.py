@@ -16,8 +16,8 @@ import pytest
 from decoding.engine.kv_cache import PrefixCache
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.engine.pacing import COLD_PREFILL_TOKENS, LONGEST_PASS_MS, PREFILL_PASS_MS, PrefillPace
-from tests.reference import plain_greedy
-from tests.tiny_models import loaded, tiny_model
+from tests.support.reference import plain_greedy
+from tests.support.tiny_models import loaded, tiny_model
 
 MB = 1 << 20
 AVX2_MS_PER_TOKEN = 8.6  # the default model's prefill on the AVX2-only EPYC (DESIGN.md: 4.39 s / 512)

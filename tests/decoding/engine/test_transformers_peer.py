@@ -8,7 +8,7 @@ import pytest
 
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.engine.transformers_peer import TransformersDecoder
-from tests.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
+from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
 
 NEWLINE = TinyTokenizer().newline_id
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decoding.forward.cpu_matmul import SmallBatchLinear, use_small_batch_linear
-from tests.tiny_models import TINY_VOCAB, tiny_model
+from tests.support.tiny_models import TINY_VOCAB, tiny_model
 
 
 @pytest.mark.parametrize("bias", [False, True])

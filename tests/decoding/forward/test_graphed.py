@@ -18,10 +18,16 @@ from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedCache, GraphedF
 from decoding.forward.graphed_weights import DenseProduct, Int4Product, device_product, int4_kernel_works
 from decoding.forward.llama import from_transformers
 from decoding.models.loading import LoadedModel
-from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
-from tests.test_head import trained_tiny_head
-from tests.test_quant import assert_speculative_greedy_is_plain_greedy, plain_greedy_pass
-from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
+from tests.support.draft_heads import trained_tiny_head
+from tests.support.greedy_cases import (
+    MAX_NEW,
+    assert_speculative_greedy_is_plain_greedy,
+    expected_output,
+    make_case,
+    perturbed_copy,
+)
+from tests.support.lean_forward import plain_greedy_pass
+from tests.support.tiny_models import TinyTokenizer, tiny_config, tiny_model
 
 CUDA = torch.cuda.is_available()
 SETUPS = [("cpu", torch.float32)] + ([("cuda", torch.bfloat16), ("cuda", torch.float32)] if CUDA else [])
@@ -163,7 +169,7 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dtype):
     from decoding.models.loading import check_draft_compatible, load_model
-    from tests.test_real_model import stdlib_prompts
+    from tests.support.stdlib_prompts import stdlib_prompts
 
     target = load_model("default", device="cuda", dtype=dtype)
     assert isinstance(target.forward, GraphedForward) and target.forward.warmup_s > 0
@@ -226,7 +232,7 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     rotary order and tied table are right."""
     from decoding.forward.llama import from_gguf
     from decoding.models.loading import default_gguf_path
-    from tests.test_real_model import stdlib_prompts
+    from tests.support.stdlib_prompts import stdlib_prompts
 
     dense = dense_default
     assert dense.formats == "F32+Q4_1+Q8_0 as float32 on cpu"
@@ -336,7 +342,7 @@ def test_the_default_gguf_on_the_device_path_is_its_quantized_model_and_stays_ex
     quantized lean forward; every split of a sequence gives the same bits; speculative greedy
     with each drafter equals its own plain greedy."""
     from decoding.models.loading import default_gguf_path
-    from tests.test_real_model import stdlib_prompts
+    from tests.support.stdlib_prompts import stdlib_prompts
 
     forward = from_gguf_on_device(
         str(default_gguf_path()), torch.device(device), torch.bfloat16, capacity=512

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 from decoding.forward.native import NativeLinear, NativeOutputLayer, Weight, built_kernels
-from tests.test_quant import IN, INT4_KINDS, random_blocks
+from tests.support.quant_blocks import IN, INT4_KINDS, random_blocks
 
 NATIVE = built_kernels(os.environ.get("LSP_NATIVE_VARIANT", "native"))
 if NATIVE is None:
@@ -306,7 +306,7 @@ def test_every_layer_in_one_call_is_bit_for_bit_the_calls_one_by_one(arch, kind,
     and k come in rotate-half order with biases; Qwen3's head norms keep it on the calls."""
     from decoding.forward.llama import from_gguf
     from decoding.forward.native import kernels
-    from tests.test_architectures import tiny, write_gguf
+    from tests.support.tiny_architectures import tiny, write_gguf
 
     monkeypatch.setenv("LSP_NATIVE", "1")
     kernels.cache_clear()
@@ -391,7 +391,7 @@ def test_every_file_takes_the_native_kernels_where_built_unless_asked_otherwise(
     the model either way."""
     from decoding.forward.llama import from_gguf
     from decoding.forward.native import kernels
-    from tests.test_architectures import VOCAB, tiny, write_gguf
+    from tests.support.tiny_architectures import VOCAB, tiny, write_gguf
 
     if setting is None:
         monkeypatch.delenv("LSP_NATIVE", raising=False)

@@ -12,7 +12,6 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
-from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.llama import (
     MAX_ATTENTION_ROWS,
@@ -31,40 +30,13 @@ from decoding.forward.quant.layers import (
     quantize_linears,
     ranked_terms,
 )
-from decoding.models.loading import LoadedModel
-from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
-from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
-
-OUT, IN = 64, 512  # two Q4_K super-blocks per row
-
-
-def random_blocks(kind: QType, rng: np.random.Generator, out: int = OUT, n_in: int = IN) -> np.ndarray:
-    """Raw bytes of an (out, n_in) tensor of ``kind``: quantized with the gguf package where it can,
-    random bytes with sane fp16 scales where it only dequantizes (K-quants)."""
-    weights = rng.standard_normal((out, n_in)).astype(np.float32)
-    if kind in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0):
-        return quants.quantize(weights, kind)
-    block_size, type_size = quants.GGML_QUANT_SIZES[kind]
-    raw = rng.integers(0, 256, (out * n_in // block_size, type_size), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.05, (raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-    where = {QType.Q4_K: 0, QType.Q5_K: 0, QType.Q6_K: 208, QType.Q3_K: 108, QType.Q2_K: 80}[kind]
-    raw[:, where : where + 4] = scales.reshape(-1, 4)[:, : min(4, type_size - where)]  # d (and dmin)
-    return raw.reshape(out, -1)
-
-
-# Every GGUF type the lean forward multiplies on the 4-bit kernel, and how many terms each takes.
-INT4_KINDS = {
-    QType.Q4_0: 1,
-    QType.Q4_1: 1,
-    QType.Q5_0: 2,
-    QType.Q5_1: 2,
-    QType.Q8_0: 2,
-    QType.Q2_K: 1,
-    QType.Q3_K: 1,
-    QType.Q4_K: 1,
-    QType.Q5_K: 2,
-    QType.Q6_K: 2,
-}
+from tests.support.greedy_cases import (
+    assert_speculative_greedy_is_plain_greedy,
+    perturbed_copy,
+)
+from tests.support.lean_forward import lean_loaded
+from tests.support.quant_blocks import IN, INT4_KINDS, OUT, random_blocks
+from tests.support.tiny_models import tiny_model
 
 
 @pytest.mark.parametrize("kind", [*INT4_KINDS, QType.F16])
@@ -279,30 +251,6 @@ def test_the_cache_crops_by_moving_its_index_and_grows_when_full():
     assert cache.get_seq_length() == 5 and cache.nbytes() == cache.keys.nbytes * 2 + cache.hidden.nbytes
 
 
-def lean_loaded(forward, eos: int | None = None) -> LoadedModel:
-    return LoadedModel(
-        model=None,
-        tokenizer=TinyTokenizer(),
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        source="tiny",
-        forward=forward,
-        config=tiny_config(eos_token_id=eos),
-        quantization="int4",
-    )
-
-
-def plain_greedy_pass(forward, prompt: list[int], max_new: int) -> list[int]:
-    """The quantized model's own plain decoding: the prompt in one pass, then one token a pass."""
-    cache = forward.new_cache()
-    logits = forward(prompt, cache)[-1]
-    out = []
-    for _ in range(max_new):
-        out.append(int(logits.argmax()))
-        logits = forward(out[-1:], cache)[-1]
-    return out
-
-
 @pytest.fixture(scope="module")
 def quantized_pairs():
     targets = [
@@ -311,31 +259,6 @@ def quantized_pairs():
     ]
     near = [from_transformers(perturbed_copy(t, i, 0.3), 4) for i, t in enumerate(targets)]
     return [from_transformers(t, 4) for t in targets], near
-
-
-def assert_speculative_greedy_is_plain_greedy(targets, near, drafter_name: str, loaded) -> None:
-    """200 prompt/stop cases: the engine on ``loaded(target, eos)`` with ``drafter_name`` (the
-    draft model from ``near``) returns the target's own plain greedy decoding, drafts kept and
-    rejected both."""
-    proposed = accepted = 0
-    for i in range(200):
-        rng, prompt, variant = make_case(i)
-        target = targets[i % len(targets)]
-        reference = plain_greedy_pass(target, prompt, MAX_NEW)
-        kwargs, eos, want_tokens, want_text = expected_output(reference, variant, rng)
-        engine = SpeculativeEngine(loaded(target, eos))
-        drafter = make_drafter(
-            drafter_name,
-            draft_model=loaded(near[i % len(near)]),
-            cost=engine.cost,
-            max_draft=rng.choice([2, 4, 8]),
-        )
-        result = engine.generate(prompt, GenerationConfig(**kwargs), drafter)
-        assert result.token_ids == want_tokens, f"case {i}: {drafter_name} diverged from greedy"
-        assert result.text == want_text
-        for stats in result.stats.drafters.values():
-            proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
-    assert proposed > 200 and 0 < accepted < proposed  # drafts were both kept and rejected
 
 
 @pytest.mark.parametrize("drafter_name", ["ngram", "model", "auto"])

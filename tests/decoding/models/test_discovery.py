@@ -20,7 +20,7 @@ from decoding.models import discovery
 from decoding.models.discovery import ModelNotFound, gguf_facts, resolve_model_spec
 from decoding.models.loading import default_gguf_path, load_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ENV_KEYS = (
     "OLLAMA_MODELS",
     "LLAMA_CACHE",

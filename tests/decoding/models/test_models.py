@@ -18,7 +18,7 @@ from decoding.models.loading import (
     resolve_dtype,
 )
 from lsp_server.stats import process_memory
-from tests.tiny_models import TinyTokenizer, loaded, tiny_model
+from tests.support.tiny_models import TinyTokenizer, loaded, tiny_model
 
 
 def test_device_and_dtype_resolution():

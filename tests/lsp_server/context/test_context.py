@@ -13,21 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from lsprotocol import types
-from pygls.workspace import PositionCodec
 from transformers import AutoTokenizer
 
 from decoding.engine.kv_cache import common_prefix_length
-from lsp_server import postprocess
 from lsp_server.context import fim
 from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
 from lsp_server.context.languages import detect, grammar
 from lsp_server.context.snippets import OpenDocument, SnippetIndex
 from lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
 from lsp_server.context.tokens import Tokens
-from lsp_server.documents import LspTextDocument, locate
-from tests.golden_cases import CASES, Golden
-from tests.lsp_helpers import tokenizer_source
+from tests.support.completion_items import item_for
+from tests.support.golden_cases import CASES, Golden
+from tests.support.lsp import tokenizer_source
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -44,32 +41,6 @@ def tokens(tokenizer):
 
 def at_marker(source: str) -> tuple[str, int]:
     return source.replace("‸", ""), source.index("‸")
-
-
-def position(text: str, offset: int) -> types.Position:
-    line = text.count("\n", 0, offset)
-    start = text.rfind("\n", 0, offset) + 1
-    return types.Position(line, len(text[start:offset].encode("utf-16-le")) // 2)
-
-
-def item_for(
-    text: str,
-    offset: int,
-    decoded: str,
-    uri: str = "file:///t.py",
-    language_id: str | None = None,
-    multiline: str = "auto",
-    max_lines: int = 12,
-) -> tuple[str | None, tuple[int, int, int]]:
-    """What the server answers for ``decoded`` at ``offset``: the insert text and its range. The
-    engine ends a multi-line decode where the block ends (``stop_when``), as the server asks it to."""
-    cursor = locate(LspTextDocument(uri, text, position_codec=PositionCodec()), position(text, offset))
-    situation = postprocess.situation_for(
-        text, cursor.offset, cursor.before, cursor.after, detect(language_id, uri), multiline, max_lines
-    )
-    if situation.ending.multiline and (cut := situation.ending.cut(decoded)) is not None:
-        decoded = decoded[:cut]
-    return postprocess.finish(decoded, situation), (cursor.line, cursor.character, cursor.end_character)
 
 
 # -- golden cases -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from lsp_server.context.snippets import OpenDocument
 from lsp_server.context.symbols import SymbolTable, extract
 from lsp_server.context.tokens import Tokens
 from lsp_server.workspace import WorkspaceIndex, WorkspaceLimits
-from tests.lsp_helpers import tokenizer_source
+from tests.support.lsp import tokenizer_source
 
 LEDGER = '''"""Ledgers of the harbor."""
 import math

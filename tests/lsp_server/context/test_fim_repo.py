@@ -32,7 +32,7 @@ from lsp_server.context.languages import SPECS
 from lsp_server.context.repo import FALLBACK_NAME, git_root, repository_for
 from lsp_server.context.snippets import OpenDocument, Snippet, file_body
 from lsp_server.context.tokens import Tokens
-from tests.lsp_helpers import tokenizer_source
+from tests.support.lsp import tokenizer_source
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FIM_MARKERS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|file_sep|>"]

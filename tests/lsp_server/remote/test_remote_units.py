@@ -17,7 +17,7 @@ from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILUR
 from lsp_server.remote.request import RemoteRequest
 from lsp_server.remote.sse import DONE, MalformedEvent, parse_line
 from lsp_server.remote.stats import EndpointStats
-from tests.lsp_helpers import tokenizer_source
+from tests.support.lsp import tokenizer_source
 
 # -- settings -----------------------------------------------------------------------------------------
 
