@@ -1,9 +1,9 @@
 """The remote engine against faults a real engine can't be made to show on demand, served by a small
-HTTP server on loopback in this file: 5xx, malformed JSON, a stalled stream, a stream that ends
-without its final event, redirects (same host followed, another host refused), TLS with and without
-the CA bundle, a DNS failure, a refused connection. Every call must return (never raise, never
-outlive its deadline) with an empty result and an error; the API key must never reach a log, the
-stats, a result or another host."""
+HTTP server on loopback (``tests/support/fake_llama_server.py``): 5xx, malformed JSON, a stalled
+stream, a stream that ends without its final event, redirects (same host followed, another host
+refused), TLS with and without the CA bundle, a DNS failure, a refused connection. Every call must
+return (never raise, never outlive its deadline) with an empty result and an error; the API key must
+never reach a log, the stats, a result or another host."""
 
 from __future__ import annotations
 

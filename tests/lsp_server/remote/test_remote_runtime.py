@@ -1,8 +1,8 @@
 """The remote runtime's own rules, on what the real llama-server can't be made to show: an engine
 without ``/tokenize`` (TGI, Ollama) and a ``/tokenize`` that stalls, stood in for by the small
-loopback HTTP server of ``test_remote_faults``; the typed-ahead chain as pure logic; and a process
-that builds a remote runtime and a prompt without ever importing torch. The runtime against the
-real engine is ``test_server_remote.py``."""
+loopback HTTP server of ``tests/support/fake_llama_server.py``; the typed-ahead chain as pure logic;
+and a process that builds a remote runtime and a prompt without ever importing torch. The runtime
+against the real engine is ``test_server_remote.py``."""
 
 from __future__ import annotations
 
