@@ -33,7 +33,7 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 @dataclass(frozen=True)
 class Settings:
     """Everything a user can set; the README's settings table says what each field means, and
-    ``tests/test_readme.py`` keeps its names and defaults equal to these."""
+    ``tests/project/test_readme.py`` keeps its names and defaults equal to these."""
 
     model: str = "default"
     draft_model: str | None = None

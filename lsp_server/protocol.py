@@ -3,7 +3,7 @@
 This is the one module that touches pygls' private members (``_send_response``,
 ``_request_futures``, ``_shutdown``, ``_workspace``, ``_handle_cancel_notification``,
 ``_handle_response``, ``Workspace._create_text_document`` and ``_sync_kind``, the server's
-``_stop_event``); ``tests/test_pygls_private.py`` fails loudly on a pygls that moves one of them,
+``_stop_event``); ``tests/lsp_server/test_pygls_private.py`` fails loudly on a pygls that moves one of them,
 and ``pyproject.toml`` pins the pygls versions they were checked against.
 
 pygls 2.1 leaves three kinds of request unanswered, so a client would wait on them forever:

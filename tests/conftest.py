@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tests.support.real_models import installed_real_model
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -47,17 +49,6 @@ def kernel_backend(request, monkeypatch):
     yield request.param
     monkeypatch.undo()
     kernels.cache_clear()
-
-
-def installed_real_model(name: str):
-    """A real model's GGUF (``benchmarks/real_models.py``), or the test skipped saying how to
-    install it (``.ci/run`` installs every one)."""
-    from benchmarks import real_models
-
-    found = real_models.installed_path(name)
-    if found is None:
-        pytest.skip(f"{name} is not installed here: python -m benchmarks.real_models --install {name}")
-    return found
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@
 source benchmarks/device/env.sh || exit 1
 set -o pipefail
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout -s INT 90 python3 -m pytest -q tests/test_graphed.py -p no:cacheprovider \
+timeout -s INT 90 python3 -m pytest -q tests/decoding/forward/test_graphed.py -p no:cacheprovider \
   -k "draft_head_drafts_beside and cuda" 2>&1 | tee "$OUT/tests.log"
 timeout -s INT 110 python3 -m benchmarks.decode_bench --device cuda --dtype bfloat16 --n 20 \
   --no-draft-model --no-peers --out "$OUT/decode_bench_cuda_head.json" > "$OUT/decode.log" 2>&1

@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 timeout -s INT 170 python3 -m benchmarks.gpu_pair --default-model --out "$OUT/gpu_pair.json" \
   > "$OUT/gpu_pair.log" 2>&1
 echo "gpu_pair rc $?"; grep -v "^ " "$OUT/gpu_pair.log" | tail -12; cat "$OUT/gpu_pair.json" 2>/dev/null | head -80
-timeout -s INT 150 python3 -m pytest -q tests/test_graphed.py -p no:cacheprovider -x \
+timeout -s INT 150 python3 -m pytest -q tests/decoding/forward/test_graphed.py -p no:cacheprovider -x \
   -k "cuda and (one_row or 4bit or device_path or default_model_runs or every_split or speculative_greedy)" \
   2>&1 | tail -15 | tee "$OUT/tests.log"
 timeout -s INT 110 python3 -m benchmarks.decode_bench --device cuda --dtype bfloat16 --n 10 \

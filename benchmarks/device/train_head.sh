@@ -9,7 +9,7 @@
 source benchmarks/device/env.sh || exit 1
 set -o pipefail
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout -s INT 120 python3 -m pytest -q tests/test_head.py -p no:cacheprovider \
+timeout -s INT 120 python3 -m pytest -q tests/decoding/draft_head/test_training.py -p no:cacheprovider \
   -k "on_cuda or per_batch" 2>&1 | tail -3 | tee "$OUT/tests.log"
 grep -q "passed" "$OUT/tests.log" && ! grep -q "failed" "$OUT/tests.log" || exit 1
 timeout -s INT 450 python3 -m decoding.draft_head.training --device cuda --init shipped \

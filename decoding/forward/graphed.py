@@ -15,10 +15,10 @@ orders, so in bf16 a row's logits would depend on how many rows rode in its pass
 would flip. Here every pass (a decode step, a verify pass, each chunk of a prefill) feeds
 exactly ``width`` rows, padded, and attends over the cache's whole capacity, masked. Every row is
 then computed by the same kernels on the same shapes whatever pass it rode in: batch-invariant by
-construction, in any dtype (``tests/test_graphed.py`` checks it bit for bit). The price is small
-on a GPU: a pass of 1 and of 16 rows cost the same (both read every weight once), but a prefill
-of n tokens takes ceil(n / width) replays, several times transformers' one eager pass over the
-same tokens; prefix reuse across keystrokes makes most prefills a few tokens.
+construction, in any dtype (``tests/decoding/forward/test_graphed.py`` checks it bit for bit). The
+price is small on a GPU: a pass of 1 and of 16 rows cost the same (both read every weight once),
+but a prefill of n tokens takes ceil(n / width) replays, several times transformers' one eager pass
+over the same tokens; prefix reuse across keystrokes makes most prefills a few tokens.
 
 Each cache owns its buffers (keys and values for ``capacity`` positions) and its graph, captured
 at its first pass; the graphs share one memory pool for their intermediates (none outlives its

@@ -3,8 +3,8 @@
 transformers' fast tokenizer class wraps this very Rust tokenizer; what it adds on top costs a
 ready server resident memory (the import and the wrapper's own tables; ``benchmarks/README.md``)
 for calls the project does not make. ``LeanTokenizer`` gives the part of that class's interface that
-``decoding/`` and ``lsp_server/`` use, with the same results: ``tests/test_tokenizer.py`` checks
-it against transformers' class on real text, ids and pieces. It loads only a folder that
+``decoding/`` and ``lsp_server/`` use, with the same results: ``tests/decoding/models/test_tokenizer.py``
+checks it against transformers' class on real text, ids and pieces. It loads only a folder that
 transformers saved as a plain fast tokenizer (``tokenizer.json`` and a ``tokenizer_config.json``
 naming that class); anything else (a slow tokenizer, custom code) goes through transformers.
 """

@@ -3,7 +3,7 @@
 Why: on one row a layer is eight calls (two norms, four products, the attention, the SwiGLU),
 and from Python each costs microseconds of its own (arguments, an output tensor) against a
 product of a few dozen; ``lsq_layers`` makes the same calls in C, on the same buffers, so every
-row comes out bit for bit as on the per-call path (``tests/test_native.py`` compares both).
+row comes out bit for bit as on the per-call path (``tests/decoding/forward/test_native.py`` compares both).
 Taken where every layer's four products are ``NativeLinear``s and no head has a norm of its own
 (Qwen3's q and k norms stay on the per-call path).
 """

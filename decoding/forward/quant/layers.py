@@ -3,8 +3,8 @@
 Both give every row the same result whatever the number of rows in the pass (batch
 invariance), which is what keeps speculative greedy decoding token for token equal to plain
 decoding of the same quantized model: a verification pass over k+1 rows must compute each row
-exactly as a one-token step would. ``tests/test_quant.py`` checks it for both layers, 1 to 256
-rows.
+exactly as a one-token step would. ``tests/decoding/forward/test_quant.py`` checks it for both layers,
+1 to 256 rows.
 
 - ``Int4Linear``: a sum of ``Int4Term``s packed for ``_weight_int4pack_mm_for_cpu``. That kernel
   takes bf16 activations (fp32 and fp16 inputs run a far slower scalar path), accumulates in
@@ -12,7 +12,7 @@ rows.
 - ``DenseLinear``: fp32 weights computed as ``weight @ x.T``, MKL's path that stays both fast
   for a few rows and batch-invariant (``F.linear`` switches kernels with the row count) from
   ``MIN_DENSE_ROWS`` rows on: fewer rows are padded, because MKL sums a product of few rows in
-  another order (below 2 rows on one CPU, below 12 on an AVX-512 one; ``tests/test_quant.py``
+  another order (below 2 rows on one CPU, below 12 on an AVX-512 one; ``tests/decoding/forward/test_quant.py``
   checks the machine it runs on). On one thread: with two, MKL splits the sums of some shapes
   between its threads by the row count (576x1536 at 100 and 167 rows against 300).
 """

@@ -1,0 +1,206 @@
+"""Drafters on their own: the n-gram index, the draft model's cache roll-back, auto's gating."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding.drafters import make_drafter
+from decoding.drafters.auto import AutoDrafter
+from decoding.drafters.length import CostModel, best_draft_length, expected_tokens
+from decoding.drafters.model import ModelDrafter
+from decoding.drafters.ngram import NgramDrafter, TokenIndex
+from decoding.engine.verify import SamplingParams
+from tests.support.reference import next_token_logits
+from tests.support.tiny_models import loaded, tiny_model
+
+GREEDY = SamplingParams()
+
+
+def test_token_index_extends_incrementally_and_rebuilds_on_divergence():
+    index = TokenIndex([1, 2, 3], min_n=1, max_n=3)
+    index.extend([1, 2, 4])
+    assert index.continuation((1, 2), 5) == [4]  # the most recent occurrence wins
+    assert index.continuation((1, 2), 5, before=3) == [3, 1, 2, 4]
+    positions_before = dict(index._positions)
+    index.sync([1, 2, 3, 1, 2, 4, 9])  # growth: only the new token is indexed
+    assert all(index._positions[k][: len(v)] == v for k, v in positions_before.items())
+    assert index.continuation((4,), 3) == [9]
+    index.sync([7, 7, 8])  # divergence: rebuilt from scratch
+    assert index.tokens == [7, 7, 8] and index.continuation((1, 2), 3) == []
+
+
+def test_ngram_prefers_the_longest_then_the_most_recent_match_across_sources():
+    drafter = NgramDrafter(min_n=1, max_n=4, max_draft=4)
+    drafter.set_source("other.py", [50, 1, 2, 3, 60, 61])
+    live = [9, 3, 70, 71, 8, 2, 3, 80, 81, 1, 2, 3]
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 4)
+    assert match.source == "doc:other.py" and match.length == 3 and match.tokens == [60, 61]
+    drafter.remove_source("other.py")
+    match = drafter.lookup(live, 4)
+    # (2, 3) occurs twice in the live sequence; the later one is followed by 80, 81.
+    assert match.source == "live" and match.length == 2 and match.tokens == [80, 81, 1, 2]
+    drafter.add_accepted([5, 1, 2, 3, 90])
+    assert drafter.lookup(live, 4).tokens == [90]
+    assert drafter.lookup([42], 4) is None
+
+
+def test_ngram_index_follows_a_growing_sequence_without_rescanning():
+    drafter = NgramDrafter()
+    seq = [1, 2, 3, 4, 1, 2]
+    drafter.begin(seq, GREEDY, None)
+    assert drafter.propose(seq, 8).tokens[:2] == [3, 4]
+    seq = seq + [3, 4, 1]
+    live_before = drafter._live
+    drafter.propose(seq, 8)
+    assert drafter._live is live_before and drafter._live.tokens == seq
+
+
+def test_draft_model_cache_rolls_back_to_the_accepted_prefix():
+    model = loaded(tiny_model(3, layers=1, logit_scale=5.0))
+    drafter = ModelDrafter(model, max_draft=6)
+    drafter.begin([1, 2, 3], GREEDY, None)
+    prompt = [1, 2, 3, 4, 5]
+    first = drafter.propose_exactly(prompt, 5)
+    assert len(first.tokens) == 5
+    assert drafter.cached_tokens() == prompt + first.tokens[:-1]
+    # The target kept two draft tokens and then chose its own token 63.
+    sequence = prompt + first.tokens[:2] + [63]
+    second = drafter.propose_exactly(sequence, 3)
+    assert drafter.cached_tokens() == sequence + second.tokens[:-1]
+    assert drafter._cache.get_seq_length() == len(drafter.cached_tokens())
+    # Drafting from a rolled-back cache equals drafting from scratch (uncached reference).
+    expected, context = [], list(sequence)
+    for _ in range(3):
+        token = int(next_token_logits(model.model, context).argmax())
+        expected.append(token)
+        context.append(token)
+    assert second.tokens == expected
+
+
+def test_sampled_drafts_carry_the_distribution_they_were_drawn_from():
+    model = loaded(tiny_model(4, layers=1))
+    drafter = ModelDrafter(model)
+    params = SamplingParams(temperature=0.9, top_k=5)
+    drafter.begin([1, 2], params, torch.Generator().manual_seed(0))
+    draft = drafter.propose_exactly([1, 2], 3)
+    assert draft.probs is not None and draft.probs.shape == (3, model.vocab_size)
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
+    assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens))
+    assert ((draft.probs > 0).sum(-1) == 5).all()  # top-k applied to q as to p
+
+
+def test_draft_length_follows_acceptance_and_measured_cost():
+    cost = CostModel(prior={1: 1.0, 2: 1.8, 4: 1.5, 8: 1.4, 16: 1.7})
+    assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
+    _, gain_low = best_draft_length(0.1, 8, cost)
+    assert gain_low < 1.0  # a poor source is not worth a verification pass
+    k_high, gain_high = best_draft_length(0.9, 8, cost)
+    assert gain_high > 2.0 and k_high >= 6
+    # Once a 3-token pass is measured as cheap, short drafts become attractive.
+    for _ in range(5):
+        cost.record(1, 10.0)
+        cost.record(2, 10.5)
+    assert cost.relative(2) == pytest.approx(1.05)
+    assert best_draft_length(0.3, 1, cost)[1] > 1.0
+
+
+def test_a_draft_riding_on_a_prefill_pass_is_priced_by_the_rows_it_adds():
+    # Decode passes over 2 tokens cost 1.8 steps; 16 rows on a 448-token prefill ~0.5 of a step.
+    cost = CostModel(prior={1: 1.0, 2: 1.8, 4: 1.5, 8: 1.4, 16: 1.7, 32: 2.8, 256: 8.4, 512: 17.2})
+    assert cost.verify(4) == cost.relative(5)  # a decode step verifies k drafts in a (k+1)-token pass
+    with cost.riding(448):
+        assert 1.0 < cost.verify(4) < cost.verify(16) < 1.6 < cost.relative(17)
+        assert best_draft_length(0.15, 16, cost)[1] > 1.05  # a weak 1-token n-gram match
+        assert best_draft_length(0.3, 16, cost)[0] >= 2  # is worth a few rows of a pass that runs anyway
+        with cost.riding(3):  # a short tail (the prefix cache held the rest) is a decode step
+            assert cost.verify(4) == cost.relative(5)
+    assert cost.riding_on == 0
+    assert best_draft_length(0.15, 16, cost)[1] < 1.0  # outside the prefill it is not
+
+
+def test_auto_does_not_speculate_where_the_expected_gain_is_below_one():
+    auto = make_drafter("auto")
+    assert isinstance(auto, AutoDrafter)
+    seq = [1, 2, 3, 9, 1, 2, 3, 9, 1, 2]
+    auto.begin(seq, GREEDY, None)
+    assert auto.propose(seq, 8).source == "ngram"  # a long match: confident
+    for _ in range(40):  # that source keeps failing: auto stops using it
+        auto.observe(auto.ngram.propose(seq, 8), 0)
+    proposals = [auto.propose(seq, 8) for _ in range(auto.PROBE_EVERY - 1)]
+    assert all(len(p) == 0 for p in proposals)
+    assert len(auto.propose(seq, 8)) > 0  # but it probes now and then
+    assert len(auto.propose([5, 6, 7, 8], 8)) == 0  # no match, no draft model: no speculation
+
+
+def test_unknown_drafter_and_model_drafter_without_a_model_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown drafter"):
+        make_drafter("magic")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        make_drafter("model")
+
+
+def test_auto_uses_the_draft_model_where_no_ngram_match_is_confident():
+    model = loaded(tiny_model(5, layers=1))
+    auto = make_drafter("auto", draft_model=model)
+    seq = [10, 20, 30, 40]  # no repetition: the n-gram source has nothing
+    auto.begin(seq, GREEDY, None)
+    auto.model.propose_exactly(seq, 1)  # the draft model has seen the prompt
+    auto.cost.record(1, 60.0)
+    auto.model.step_ms = 6.0  # a draft step costs a tenth of a target step
+    for _ in range(20):
+        auto.model.stats.update(0, 8, 8)  # and its drafts are accepted
+    draft = auto.propose(seq, 8)
+    assert draft.source == "model" and len(draft) >= 4
+    auto.model.step_ms = 60.0  # as slow as the target: drafting cannot pay
+    for _ in range(20):
+        auto.model.stats.update(0, 1, 8)
+    assert [len(auto.propose(seq, 8)) for _ in range(5)] == [0] * 5
+
+
+def test_ngram_extends_matches_backwards_to_find_the_copy_being_retyped():
+    # The block [1..9] is copied; the suffix (5, 6) also occurs later, after other context.
+    block = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    live = block + [40, 41, 5, 6, 50, 51] + [1, 2, 3, 4, 5, 6]
+    drafter = NgramDrafter(min_n=1, max_n=2, max_draft=3)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 3)
+    # Most recent 2-gram would give [50, 51]; the copy agrees for 6 tokens and gives [7, 8, 9].
+    assert match.tokens == [7, 8, 9] and match.length == 6 and match.skipped == 0
+
+
+def test_ngram_agreement_steps_over_a_token_boundary_that_differs():
+    # The same text tokenized differently in one spot: 30 in the copy, 31, 32 in the sequence.
+    copy = [1, 2, 3, 4, 30, 5, 6, 7, 8, 9, 10]
+    retyped = [1, 2, 3, 4, 31, 32, 5, 6, 7]
+    index = TokenIndex(copy, min_n=1, max_n=3)
+    # Backwards from just after 7 in both: 7, 6, 5 agree, then 30 meets 32.
+    assert index.agreement(8, retyped, 9, 64, resyncs=0) == 3
+    assert index.agreement(8, retyped, 9, 64) == 7  # 7, 6, 5, then 4, 3, 2, 1 past the spot
+    assert index.agreement(8, retyped, 9, 5) == 5  # never more than the limit
+
+
+def test_ngram_matches_a_copy_whose_last_token_is_tokenized_differently():
+    # The sequence ends inside what the copy holds as one token (99 stands for 98 in the copy).
+    block = list(range(1, 20)) + [98, 60, 61, 62]
+    live = block + [70] + list(range(1, 20)) + [99]
+    drafter = NgramDrafter(min_n=1, max_n=4, max_draft=3)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 3)
+    assert match.skipped == 1 and match.length == 0 and match.tokens == [60, 61, 62]
+    # A short context does not count as a copy: no match rather than a guess.
+    short = [7, 98, 60, 61, 70, 7, 99]
+    drafter.begin(short, GREEDY, None)
+    assert drafter.lookup(short, 3) is None
+
+
+def test_ngram_prefers_the_match_with_more_to_propose_among_equally_long_ones():
+    # A run of zeros after the same context: it matches right behind the cursor, with one token
+    # after it, and in the earlier copy, with the rest of the copied line after it.
+    context = list(range(100, 140))
+    live = context + [0] * 12 + [7, 8, 9] + [55] + context + [0] * 12
+    drafter = NgramDrafter(min_n=1, max_n=4, max_draft=4)
+    drafter.begin(live, GREEDY, None)
+    match = drafter.lookup(live, 4)
+    assert match.tokens == [7, 8, 9, 55] and match.length >= NgramDrafter.SURE_MATCH
