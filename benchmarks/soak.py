@@ -7,7 +7,7 @@ completion requests after most edits, ``$/cancelRequest`` at random moments, and
 positions out of range, missing and null params, wrong types, unknown methods, truncated frames,
 frames that are not JSON or not UTF-8, wrong Content-Lengths. Faults on top: the model reloaded
 from a path that does not exist and back while typing, an exception raised inside one decode
-(``LSP_SERVER_TEST_FAULTS``, see ``lsp_server/scheduler.py``), then, on fresh processes, stdin
+(the server started through ``benchmarks/soak_server.py``), then, on fresh processes, stdin
 closed without ``exit`` in the middle of a decode, and a TCP client dropping mid-request.
 
 What it checks (``problems`` in the report; none means it held): every request the server could
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import soak_faults
+from benchmarks.soak_server import FAULT_NOTE
 from benchmarks.soak_traffic import LANGUAGES, Doc, Typist, bad_frames, bad_requests, corpus, inline_params
 from benchmarks.soak_wire import ABSENT, Wire, inet_sockets, rss_mb
 
@@ -57,7 +58,7 @@ class SoakConfig:
     files: int = 64
     big_mb: float = 6.0
     faults: bool = True
-    fault_decode: int = 25  # the request job that fails mid-decode (LSP_SERVER_TEST_FAULTS)
+    fault_decode: int = 25  # the request job that fails mid-decode (``soak_server.py``)
     max_in_flight: int = 3
     # The bound: RSS after warm-up plus the KV caches' budget (kvCacheMb, 256 MB by default: the
     # per-document caches may still be filling then) plus 200 MB of transient buffers (copies of a
@@ -229,8 +230,10 @@ class Soak:
 
 
 # -- the run ----------------------------------------------------------------------------------------
-def server_command(model: str | None) -> list[str]:
-    command = [sys.executable, "-m", "lsp_server", "--stdio", "--log-level", "WARNING"]
+def server_command(model: str | None, fail_decode: int = 0) -> list[str]:
+    """The server over stdio; with ``fail_decode``, the one whose N-th decode fails (``soak_server.py``)."""
+    entry = ["benchmarks.soak_server", "--fail-decode", str(fail_decode)] if fail_decode else ["lsp_server"]
+    command = [sys.executable, "-m", *entry, "--stdio", "--log-level", "WARNING"]
     return command + ["--model", model] if model else command
 
 
@@ -327,7 +330,7 @@ def check_stats(
         problems.append(f"{len(counted)} counted requests tracked, {tally.completion_requests} sent")
     # A request whose decode raised is counted as failed, unless a newer request had superseded it
     # (or a cancel arrived) first: it was answered then, and only the server's log shows the fault.
-    if faults and stats["failed"] < 1 and "injected into decode" not in server_log:
+    if faults and stats["failed"] < 1 and FAULT_NOTE not in server_log:
         problems.append("the injected decode fault did not show as a failed request or in the log")
     return problems
 
@@ -413,10 +416,10 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
     """One whole soak: the mix on one process, then the process faults; the report."""
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="soak-"))
     command = server_command(config.model)
-    env = {"LSP_SERVER_TEST_FAULTS": f"decode:{config.fault_decode}"} if config.faults else {}
     docs, big = documents(config)
     started = time.monotonic()
-    wire = await Wire.start(command, log_dir / "server.log", env)
+    mixed = server_command(config.model, config.fault_decode if config.faults else 0)
+    wire = await Wire.start(mixed, log_dir / "server.log")
     run = Soak(config, wire, docs, big)
     run.tally.files = len(docs)
     stats: dict[str, Any] = {}

@@ -18,11 +18,13 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lsp_server import __version__
-from lsp_server.config import DRAFTER_NAMES, SettingError, from_cli, validate
+from lsp_server.config import DRAFTER_NAMES, Layered, SettingError, from_cli, validate
 from lsp_server.remote.endpoint import API_NAMES
+from lsp_server.request_log import LOG_FORMAT, RequestIdFilter
 
 if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
@@ -164,7 +166,8 @@ def setup_logging(level_name: str, log_file: str | None) -> None:
     handler: logging.Handler = (
         logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
     )
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RequestIdFilter())  # the request a line was logged for, if any
     root = logging.getLogger()
     root.handlers[:] = [handler]
     level = getattr(logging, level_name)
@@ -257,9 +260,12 @@ def list_models() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None, make_server: Callable[[Layered], CompletionServer] | None = None
+) -> int:
     """Serve until the connection ends, then end the process; returns only on a command-line error
-    or after ``--list-models``."""
+    or after ``--list-models``. ``make_server`` (default ``create_server``): a test's own server,
+    e.g. the soak's with a decode that fails (``benchmarks/soak_server.py``)."""
     args = parse_args(argv)
     if args.list_models:
         setup_logging(args.log_level, args.log_file)
@@ -283,9 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     one_malloc_arena()
     # Importing torch takes seconds: the server starts it at 'initialize', once it knows the
     # settings (a remote endpoint never imports it), so the model load after 'initialized' is shorter.
-    from lsp_server.server import create_server
+    if make_server is None:
+        from lsp_server.server import create_server
 
-    server = create_server(cli)
+        make_server = create_server
+    server = make_server(cli)
     log.info(
         "lsp_server %s starting (%s), model %s",
         __version__,

@@ -30,7 +30,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.workspace import TextDocument
 
-from lsp_server import postprocess
+from lsp_server import postprocess, request_log
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, EditRing, OpenDocument, Prompt, detect
 from lsp_server.context.builder import Shown
@@ -136,7 +136,14 @@ class CompletionService:
     async def complete(
         self, kind: str, uri: str, document: TextDocument | None, position: types.Position, *, invoked: bool
     ) -> Completion | None:
-        """Answer one request; every path counts exactly one answer (or re-raises after counting)."""
+        """Answer one request; its log lines, here and on the worker, carry its id (``request_log``)."""
+        with request_log.ensure_serving():
+            return await self._serve(kind, uri, document, position, invoked)
+
+    async def _serve(
+        self, kind: str, uri: str, document: TextDocument | None, position: types.Position, invoked: bool
+    ) -> Completion | None:
+        """Every path counts exactly one answer (or re-raises after counting)."""
         started = time.monotonic()
         self.stats.requests += 1
         self.idle.request_came()
@@ -319,6 +326,13 @@ class CompletionService:
         started = time.perf_counter()
         prompt = runtime.prompt(self.context, request.context, times.deadline)
         prompt_ms = (time.perf_counter() - started) * 1000
+        log.debug(
+            "%s %s: prompt of %d characters built in %.1f ms, decoding",
+            request.kind,
+            request.uri,
+            len(prompt.text),
+            prompt_ms,
+        )
         context = self.context.state(request.uri)  # read here: the builder's thread
         result = runtime.generate(
             prompt,

@@ -7,11 +7,12 @@ reference, and a decode already running finishes on the old one.
 ``decoding`` (and so torch) is imported on those threads, never on the event loop.
 
 The host only loads, closes and reports (the model's state, the KV-cache and endpoint stats) and
-forgets a closed document's caches; what it holds is an ``EngineRuntime`` (``runtime.py``): the
-local engine (``local/``: ``LocalRuntime``, which keeps each document's KV cache and greedy
-chain across requests) or, with ``endpoint`` set, a ``RemoteRuntime`` (``remote/``), built on the
-same loader thread without importing torch. What the worker does between requests (draft sources,
-decoding ahead, the workspace index) is ``idle.py``'s, on the local engine only.
+forgets a closed document's caches; what it holds is an ``EngineRuntime``
+(``runtime_interface.py``): the local engine (``local/``: ``LocalRuntime``, which keeps each
+document's KV cache and greedy chain across requests) or, with ``endpoint`` set, a
+``RemoteRuntime`` (``remote/``), built on the same loader thread without importing torch. What the
+worker does between requests (draft sources, decoding ahead, the workspace index) is ``idle.py``'s,
+through the runtime's interface.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lsp_server.config import Settings
 from lsp_server.local.loading import load_runtime
-from lsp_server.local.runtime import LocalRuntime, renewal_key
-from lsp_server.runtime import EngineRuntime
+from lsp_server.local.local_runtime import LocalRuntime, renewal_key
+from lsp_server.runtime_interface import EngineRuntime
 
 if TYPE_CHECKING:
     from lsp_server.remote.health import Notice
-    from lsp_server.remote.runtime import RemoteRuntime
+    from lsp_server.remote.remote_runtime import RemoteRuntime
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def load_engine_runtime(
     """The runtime ``settings`` ask for: the remote engine at ``endpoint`` (no torch), else the
     local model; raises with a message meant for the user."""
     if settings.endpoint is not None:
-        from lsp_server.remote.runtime import RemoteRuntime
+        from lsp_server.remote.remote_runtime import RemoteRuntime
 
         return RemoteRuntime.connect(settings, on_notice)
     return load_runtime(settings)
@@ -154,7 +155,7 @@ class ModelHost:
 
     @property
     def local(self) -> LocalRuntime | None:
-        """The runtime when it is the local engine (idle-time work and KV caches are its only)."""
+        """The runtime when it is the local engine (the KV caches are its only)."""
         runtime = self._runtime
         return runtime if isinstance(runtime, LocalRuntime) else None
 

@@ -41,6 +41,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.server import JsonRPCServer
 from pygls.workspace import TextDocument, Workspace
 
+from lsp_server import request_log
 from lsp_server.documents import LspTextDocument
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,11 @@ def with_default_params(data: Any) -> Any:
     return data
 
 
+def _is_request(message: Any) -> bool:
+    """A request (it has a method and an id), not a notification or a response."""
+    return getattr(message, "method", None) is not None and hasattr(message, "id")
+
+
 class CompletionProtocol(LanguageServerProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,6 +128,15 @@ class CompletionProtocol(LanguageServerProtocol):
             raise
 
     def handle_message(self, message: Any) -> None:
+        """Each request is handled, and answered or refused, in a context that names it: its log
+        lines carry its id (``request_log``), also those of the tasks and jobs it starts."""
+        if _is_request(message):
+            with request_log.serving(message.id):
+                self._route(message)
+        else:
+            self._route(message)
+
+    def _route(self, message: Any) -> None:
         if isinstance(message, MalformedNotification):
             log.warning("dropped %s notification with invalid params: %s", message.method, message.reason)
             return
@@ -132,7 +147,7 @@ class CompletionProtocol(LanguageServerProtocol):
             )
             return
         method = getattr(message, "method", None)
-        is_request = method is not None and hasattr(message, "id")
+        is_request = _is_request(message)
         if method == types.INITIALIZE:
             self.initialize_received = True
         elif method is not None and not self.initialize_received and method != types.EXIT:

@@ -14,18 +14,18 @@ Background jobs (prefetch, indexing draft sources) use the worker only while no 
 it: any request's arrival stops every background job at its next step and skips queued ones.
 After a job, when no other waits, the worker runs its owner's housekeeping (``on_idle``).
 
-For the soak test only: ``LSP_SERVER_TEST_FAULTS=decode:N`` makes the N-th request job the worker
-runs raise ``InjectedFault`` from inside its decode, at the engine's second stop check (after the
-prefill), so the failure path is exercised mid-decode, with the KV cache borrowed. Unset, nothing
-changes.
+A test may wrap each request job's stop check (``wrap_request_stop``): the soak makes one decode
+fail from inside its engine loop that way (``benchmarks/soak_server.py``); the product passes none.
+A job runs in a copy of the context it was submitted from, so that its log lines carry the id
+of the request it serves (``request_log``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-import os
 import queue
 import threading
 import time
@@ -43,41 +43,9 @@ Job = Callable[[StopCheck], T]
 Status = Literal["done", "superseded", "cancelled", "failed", "expired"]
 
 
-FAULTS_ENV = "LSP_SERVER_TEST_FAULTS"
 WAITS_WINDOW = 2000  # the most recent request jobs whose waits ``Scheduler.waits_ms`` keeps
-
-
-class InjectedFault(RuntimeError):
-    """The exception ``LSP_SERVER_TEST_FAULTS`` raises inside one decode."""
-
-
-class _Faults:
-    """Which request job fails (``decode:N``, 1-based: the N-th, or the first after it whose
-    decode gets as far as a second stop check); read once, from the environment."""
-
-    def __init__(self, spec: str | None) -> None:
-        kind, _, number = (spec or "").partition(":")
-        self.target = int(number) if kind == "decode" and number.isdigit() else 0
-        self.jobs = 0
-        self.fired = False
-
-    def wrap(self, should_stop: StopCheck) -> StopCheck:
-        """The stop check of the next request job, raising at its second call while armed."""
-        self.jobs += 1
-        if not self.target or self.fired or self.jobs < self.target:
-            return should_stop
-        calls = 0
-
-        def failing() -> bool:
-            nonlocal calls
-            calls += 1
-            if calls >= 2 and not self.fired:
-                self.fired = True
-                log.warning("%s: request job %d fails mid-decode", FAULTS_ENV, self.jobs)
-                raise InjectedFault(f"{FAULTS_ENV}: injected into decode {self.jobs}")
-            return should_stop()
-
-        return failing
+# Wraps a request job's stop check: called once per request job the worker runs, with its check.
+StopHook = Callable[[StopCheck], StopCheck]
 
 
 @dataclass
@@ -110,6 +78,8 @@ class Ticket:
     job: Job | None = None
     started: bool = False
     claim: threading.Lock = field(default_factory=threading.Lock)
+    # The submitter's context (the request's id, for its log lines), which the job runs in.
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     def take(self) -> Job | None:
         """The worker takes the job: None when it was given up on while queued (worker thread)."""
@@ -150,18 +120,25 @@ class Ticket:
 class Scheduler:
     """Runs jobs one at a time on a daemon worker thread; at most one live job per key."""
 
-    def __init__(self, name: str = "decode-worker", on_idle: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "decode-worker",
+        on_idle: Callable[[], None] | None = None,
+        wrap_request_stop: StopHook | None = None,
+    ) -> None:
         """``on_idle`` runs on the worker after a job when no other job waits (the answer already
-        sent): housekeeping that must not delay an answer, such as giving freed memory back."""
+        sent): housekeeping that must not delay an answer, such as giving freed memory back.
+        ``wrap_request_stop`` (tests only) wraps each request job's stop check, e.g. to raise
+        from inside a decode; background jobs keep theirs."""
         self.name = name
         self._on_idle = on_idle
+        self._wrap_request_stop = wrap_request_stop
         self._queue: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._active: dict[str, Ticket] = {}  # key -> newest ticket; touched on the loop thread only
         self._background: set[Ticket] = set()  # background tickets not finished yet; loop thread only
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()
-        self._faults = _Faults(os.environ.get(FAULTS_ENV))
         # How long each request job that started waited for the worker, superseded ones included:
         # a keystroke's wait behind the work it superseded, which an answer's phases cannot show
         # (a superseded request is answered before its job ends). Appended on the worker thread.
@@ -284,15 +261,7 @@ class Scheduler:
                 continue
             if not ticket.background:
                 self.waits_ms.append(queued_ms)
-            try:
-                stop = ticket.should_stop if ticket.background else self._faults.wrap(ticket.should_stop)
-                value = job(stop)
-                outcome: Outcome = Outcome(
-                    "done", value, budget_exhausted=ticket.budget_exhausted() and not ticket.cancel.is_set()
-                )
-            except Exception as exc:
-                log.exception("job for %s failed", ticket.key)
-                outcome = Outcome("failed", error=exc)
+            outcome = ticket.context.run(self._run_job, ticket, job)
             outcome.queued_ms = queued_ms
             outcome.run_ms = (time.monotonic() - picked) * 1000
             if ticket.cancel.is_set() and outcome.status == "done":
@@ -304,3 +273,17 @@ class Scheduler:
                     self._on_idle()
                 except Exception:
                     log.exception("the worker's idle housekeeping failed")
+
+    def _run_job(self, ticket: Ticket, job: Job) -> Outcome:
+        """Run ``job`` (worker thread, in its submitter's context); a job that raises fails."""
+        stop = ticket.should_stop
+        if not ticket.background and self._wrap_request_stop is not None:
+            stop = self._wrap_request_stop(stop)
+        try:
+            value = job(stop)
+        except Exception as exc:
+            log.exception("job for %s failed", ticket.key)
+            return Outcome("failed", error=exc)
+        return Outcome(
+            "done", value, budget_exhausted=ticket.budget_exhausted() and not ticket.cancel.is_set()
+        )

@@ -24,7 +24,7 @@ from lsp_server.documents import open_document
 from lsp_server.local.loading import import_decoding
 from lsp_server.model_host import ModelHost
 from lsp_server.protocol import CompletionProtocol, use_lsp_line_model
-from lsp_server.scheduler import Scheduler
+from lsp_server.scheduler import Scheduler, StopHook
 from lsp_server.stats import ServerStats, distribution, process_memory
 from lsp_server.workspace import WATCHED_GLOB, WorkspaceLimits, uri_paths, workspace_roots
 
@@ -41,7 +41,8 @@ LABEL_CHARS = 80
 class CompletionServer(LanguageServer):
     """pygls' server plus the state the handlers share: settings, model, scheduler, stats."""
 
-    def __init__(self, cli: Layered) -> None:
+    def __init__(self, cli: Layered, wrap_request_stop: StopHook | None = None) -> None:
+        """``wrap_request_stop``: for tests only (``Scheduler``'s)."""
         super().__init__(
             name="lsp_server",
             version=__version__,
@@ -55,7 +56,7 @@ class CompletionServer(LanguageServer):
         self.stats = ServerStats()
         self.host = ModelHost()
         # freed activations go back to the OS between requests: glibc would keep them resident
-        self.scheduler = Scheduler(on_idle=trim_heap)
+        self.scheduler = Scheduler(on_idle=trim_heap, wrap_request_stop=wrap_request_stop)
         self.service = CompletionService(
             self.host,
             self.scheduler,
@@ -202,8 +203,9 @@ def _completion_items(found: Completion | None) -> types.CompletionList:
     return types.CompletionList(is_incomplete=True, items=[item])
 
 
-def create_server(cli: Layered) -> CompletionServer:
-    server = CompletionServer(cli)
+def create_server(cli: Layered, wrap_request_stop: StopHook | None = None) -> CompletionServer:
+    """The server with its handlers; ``wrap_request_stop`` for tests only (``Scheduler``'s)."""
+    server = CompletionServer(cli, wrap_request_stop)
     _session_features(server)
     _shutdown_features(server)
     _completion_features(server)

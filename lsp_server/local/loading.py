@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from lsp_server.config import Settings
 from lsp_server.context import Tokens
-from lsp_server.local.runtime import MB, LocalRuntime
+from lsp_server.local.local_runtime import MB, LocalRuntime
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import LoadedModel

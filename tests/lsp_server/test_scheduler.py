@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 import time
 import weakref
 
 import pytest
 
+from lsp_server import request_log
 from lsp_server.scheduler import Scheduler
 
 GUARD_S = 10.0  # hang guard, not a speed claim
@@ -279,3 +281,71 @@ async def test_idle_housekeeping_runs_once_nothing_waits():
         assert seen == [(1, 1), (1, 1)]
     finally:
         sched.close()
+
+
+async def test_a_stop_hook_passed_in_wraps_each_request_jobs_check_and_no_background_jobs():
+    """``wrap_request_stop`` (how the soak makes a decode fail) sees every request job that runs,
+    and what it returns is the check the job polls; background jobs keep their own."""
+    wrapped: list[int] = []
+
+    def stop_at_once(should_stop):
+        wrapped.append(len(wrapped) + 1)
+        return lambda: True
+
+    sched = Scheduler(wrap_request_stop=stop_at_once)
+    try:
+        requests = [SpinJob(steps=50), SpinJob(steps=50)]
+        for i, job in enumerate(requests):
+            outcome = await asyncio.wait_for(sched.run(f"doc{i}", job), GUARD_S)
+            assert outcome.status == "done" and outcome.value == 0  # stopped before its first step
+        background = SpinJob(steps=5)
+        outcome = await asyncio.wait_for(sched.run_background(background), GUARD_S)
+        assert outcome.status == "done" and outcome.value == 5
+        assert wrapped == [1, 2]
+    finally:
+        sched.close()
+
+
+class Records(logging.Handler):
+    """The records a logger emits, stamped by the server's ``RequestIdFilter``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addFilter(request_log.RequestIdFilter())
+        self.lines: list[tuple[str, str]] = []  # (message, the request stamp)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), record.request))
+
+
+async def test_a_job_runs_in_its_submitters_context_so_its_log_lines_name_its_request(scheduler):
+    """Two requests at once, each job logging on the worker thread: each line carries the id of
+    the request that submitted the job; the loop's own context is left as it was."""
+    logger = logging.getLogger("tests.scheduler.jobs")
+    records = Records()
+    logger.addHandler(records)
+    logger.setLevel(logging.DEBUG)
+
+    def job(name: str):
+        def run(should_stop) -> str | None:
+            logger.debug("%s on %s", name, threading.current_thread().name)
+            return request_log.current()
+
+        return run
+
+    async def serve(request_id: int | str, key: str):
+        with request_log.serving(request_id):
+            return await scheduler.run(key, job(key))
+
+    try:
+        first, second = await asyncio.wait_for(asyncio.gather(serve(7, "a"), serve("x-8", "b")), GUARD_S)
+        unnamed = await asyncio.wait_for(scheduler.run("c", job("c")), GUARD_S)
+    finally:
+        logger.removeHandler(records)
+    assert (first.value, second.value, unnamed.value) == ("7", "x-8", None)
+    assert sorted(records.lines) == [
+        (f"a on {scheduler.name}", " [request 7]"),
+        (f"b on {scheduler.name}", " [request x-8]"),
+        (f"c on {scheduler.name}", ""),
+    ]
+    assert request_log.current() is None

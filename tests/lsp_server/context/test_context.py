@@ -217,7 +217,7 @@ def test_rows_chosen_again_wait_apart_until_their_prompt_is_prefilled(tokens):
     """A renewal pre-empted by the next key (its prefill not done) changes no keystroke's prompt:
     they keep the rows whose prompt is in the cache until typing outgrows them, as without
     renewals; and until then each pause's renewal keeps the rows of the one before, whose prefill
-    it goes on from (under its own cache key, ``idle._renew``)."""
+    it goes on from (under its own cache key, ``LocalRuntime.renew``)."""
     text, start, typed = get_values_body()
     kept = typed_prompts(tokens, text, start, typed)
     pending = typed_prompts(tokens, text, start, typed, renew=True, adopt=False)

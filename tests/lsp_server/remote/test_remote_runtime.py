@@ -19,7 +19,7 @@ from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, Prompt
 from lsp_server.ending import Ending
 from lsp_server.remote.chains import Chain, Chains, typed_along
-from lsp_server.remote.runtime import RemoteRuntime
+from lsp_server.remote.remote_runtime import RemoteRuntime
 from lsp_server.remote.tokenizer import CHARS_PER_TOKEN, Calibration
 from tests.support.fake_llama_server import Server, llama_events, sse
 

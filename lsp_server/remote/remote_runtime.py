@@ -1,4 +1,4 @@
-"""``RemoteRuntime``: the request pipeline's runtime (``lsp_server.runtime``) on an inference server.
+"""``RemoteRuntime``: the runtime (``lsp_server.runtime_interface``) on an inference server.
 
 What stays on this side, as for the local engine: the prompt (``lsp_server/context``, with the
 engine's tokenizer where it has one), token healing (llama.cpp only: a grammar keeps its output to
@@ -6,7 +6,8 @@ the healed text; an OpenAI-compatible engine would only be checked, and strays, 
 prompt unhealed), where the suggestion ends (the line end is sent as a stop, a block's end is cut
 with the same ``Ending`` as the stream comes in, which closes it), the suffix through the engine's
 own FIM, typed-ahead reuse (``chains.py``), and a result shaped like the local engine's, so
-post-processing, the memory and the stats work unchanged. Nothing here imports torch.
+post-processing, the memory and the stats work unchanged. Nothing here imports torch. No idle-time
+work: the engine keeps its own caches, and nothing here is worth working on between requests.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lsp_server.remote.engine import RemoteEngine
 from lsp_server.remote.health import Notice
 from lsp_server.remote.request import RemoteRequest, RemoteResult
 from lsp_server.remote.tokenizer import RemoteTokenizer, TokenizerUnavailable
+from lsp_server.runtime_interface import DraftIndexing, Renewal
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 3.0
@@ -145,6 +147,28 @@ class RemoteRuntime:
             required_prefix=prompt.healed,
             deadline=deadline,
         )
+
+    # -- idle-time work: none ------------------------------------------------------------------------
+    def works_ahead(self, settings: Settings) -> bool:
+        return False
+
+    def draft_indexing(self, settings: Settings) -> DraftIndexing | None:
+        return None
+
+    def decode_ahead(
+        self, uri: str, settings: Settings, should_stop: Callable[[], bool], rest: Ending | None = None
+    ) -> GenerationResult | None:
+        return None
+
+    def renew(
+        self,
+        builder: ContextBuilder,
+        request: ContextRequest,
+        ending: Ending,
+        settings: Settings,
+        should_stop: Callable[[], bool],
+    ) -> Renewal | None:
+        return None
 
     # -- the rest of the interface -------------------------------------------------------------------
     def forget(self, uri: str) -> None:

@@ -1,9 +1,10 @@
-"""``LocalRuntime``: the request pipeline's runtime (``lsp_server.runtime``) on the local engine.
+"""``LocalRuntime``: the runtime (``lsp_server.runtime_interface``) on the local engine.
 
 What one successful load produced (``loading.py``): the speculative engine with its per-document
 KV caches and greedy chains (``PrefixCache``), the drafter, and the target's tokenizer for the
 prompt. It is used on the scheduler's worker thread only, the one thread that ever touches the
 engine and its drafter; ``decoding`` (torch) is imported inside its methods, never at import.
+What it asks the engine to decode is ``generation.py``'s.
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, Prompt, Tokens
 from lsp_server.ending import Ending
+from lsp_server.local import generation
+from lsp_server.local.generation import keeps_chains
+from lsp_server.runtime_interface import DraftIndexing, Renewal
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine
     from decoding.drafters import Drafter, HeadDrafter
     from decoding.drafters.base import DocumentSources
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.engine.kv_cache import Chain, PrefixCache
     from decoding.engine.transformers_peer import TransformersDecoder
 
 log = logging.getLogger(__name__)
@@ -64,24 +68,11 @@ class LocalRuntime:
     ) -> GenerationResult:
         """Decode after ``prompt`` until ``ending`` says the suggestion is over; ``cache_key`` (the
         document) selects the KV cache and greedy chain to reuse and keep. ``should_stop`` is a
-        newer keystroke or a cancel: the budget never stops the prefill or cuts a line. A
-        multi-line body is answered with its whole lines from ``answer_by`` on, where the chain
-        keeps the rest, and from ``deadline`` on in any case."""
-        from decoding import GenerationConfig
-
+        newer keystroke or a cancel: the budget never stops the prefill or cuts a line
+        (``generation.for_request``)."""
         engine = self.engine
         self.fit_caches(settings.kv_cache_mb * MB)
-        config = GenerationConfig(
-            max_new_tokens=settings.max_new_tokens,
-            stop_at_newline=ending.stop_at_newline,
-            reuse_continuation=settings.type_ahead,
-            required_prefix=prompt.healed,
-            stop_strings=prompt.stop_strings,
-            stop_when=ending.cut if ending.multiline else None,
-            answer_due=_due_at(_earliest(answer_by if keeps_chains(settings, cache_key) else None, deadline))
-            if ending.multiline
-            else None,
-        )
+        config = generation.for_request(settings, prompt, ending, cache_key, deadline, answer_by)
         ids = list(prompt.ids)
         if settings.decoder == "transformers":
             return self.peer().generate(ids, config, settings.drafter, cancel=should_stop)
@@ -93,6 +84,69 @@ class LocalRuntime:
             cache_key=cache_key if settings.kv_cache_mb > 0 else None,
         )
 
+    # -- idle-time work ------------------------------------------------------------------------------
+    def works_ahead(self, settings: Settings) -> bool:
+        """The speculative engine keeps chains and draft sources; the transformers peer does not."""
+        return settings.decoder == "speculative"
+
+    def draft_indexing(self, settings: Settings) -> DraftIndexing | None:
+        self.drafter_for(settings.drafter)  # the drafter requests will use, built if new
+        sources = self.ngram_source()
+        return None if sources is None else DraftIndexing(sources, self.engine.encode)
+
+    def decode_ahead(
+        self, uri: str, settings: Settings, should_stop: Callable[[], bool], rest: Ending | None = None
+    ) -> GenerationResult | None:
+        """On from the end of ``uri``'s greedy chain, under ``uri``'s cache key
+        (``generation.ahead`` says how far)."""
+        if not keeps_chains(settings, uri):
+            return None
+        engine = self.engine
+        chain = engine.prefix_cache.chain(uri)
+        if chain is None or chain.greedy_from is None:
+            return None
+        asked, owed = _asked_at(chain)
+        past = engine.decode(chain.tokens[asked:]).removeprefix(owed)
+        config = generation.ahead(settings, past, len(chain.tokens) - asked, rest)
+        if config is None:
+            return None
+        drafter = self.drafter_for(settings.drafter)
+        return engine.generate(chain.tokens, config, drafter, cancel=should_stop, cache_key=uri)
+
+    def renew(
+        self,
+        builder: ContextBuilder,
+        request: ContextRequest,
+        ending: Ending,
+        settings: Settings,
+        should_stop: Callable[[], bool],
+    ) -> Renewal | None:
+        """The renewed prompt goes under a cache key of its own (``renewal_key``), so that the
+        document's cache goes on serving keystrokes on the old rows until the new prompt is whole
+        in the cache; then the document adopts both, and the next keystroke keeps the new rows.
+        Pre-empted, what was prefilled waits for the next pause's renewal to go on from."""
+        uri = request.uri
+        if not keeps_chains(settings, uri):
+            return None
+        prompt = self.prompt(builder, replace(request, renew_rows=True), None)
+        result = self.generate(
+            prompt, settings, ending, should_stop, cache_key=renewal_key(uri), answer_by=time.monotonic()
+        )
+        cache = self.engine.prefix_cache
+        adopted = uri in builder.renewing and cache.adopt(renewal_key(uri), uri, prompt.ids)
+        if adopted:
+            builder.adopt_renewal(uri)
+        log.debug(
+            "%s: rows renewed, prompt %d (%d reused), %s, %s",
+            uri,
+            len(prompt.ids),
+            result.stats.reused_tokens,
+            result.stop_reason,
+            "adopted" if adopted else "not adopted yet",
+        )
+        return Renewal(result, adopted)
+
+    # -- caches --------------------------------------------------------------------------------------
     @property
     def draft_cache_bytes(self) -> int:
         """The draft model's per-document KV caches' part of ``kv_cache_bytes``."""
@@ -162,29 +216,14 @@ class LocalRuntime:
 
 
 def renewal_key(uri: str) -> str:
-    """The KV cache key a document's renewed prompt is prefilled under (``idle._renew``), apart
+    """The KV cache key a document's renewed prompt is prefilled under (``LocalRuntime.renew``), apart
     from the document's own cache, which keeps serving its keystrokes until it is adopted."""
     return f"renewal:{uri}"
 
 
-def keeps_chains(settings: Settings, cache_key: str | None) -> bool:
-    """Whether a document's greedy chain is kept and answers the next request from it: what an
-    early answer relies on to hand the rest of a block to the next request."""
-    return (
-        cache_key is not None
-        and settings.kv_cache_mb > 0
-        and settings.type_ahead
-        and settings.decoder == "speculative"
-    )
-
-
-def _earliest(*times: float | None) -> float | None:
-    return min((t for t in times if t is not None), default=None)
-
-
-def _due_at(answer_by: float | None) -> Callable[[float], bool] | None:
-    """The engine's ``answer_due`` check for a first answer due at ``answer_by``: due once a pass
-    of the given milliseconds, started now, would end past it."""
-    if answer_by is None:
-        return None
-    return lambda next_pass_ms: time.monotonic() + next_pass_ms / 1000 >= answer_by
+def _asked_at(chain: Chain) -> tuple[int, str]:
+    """Where the user's text ends on the chain: the last prompt's length and its healed text
+    (which may itself hold a line end: a line start is healed)."""
+    if chain.asked is not None and chain.asked.prompt_tokens <= len(chain.tokens):
+        return chain.asked.prompt_tokens, chain.asked.owed
+    return chain.greedy_from or len(chain.tokens), ""
