@@ -42,8 +42,8 @@ from lsp_server.workspace import WorkspaceIndex
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationConfig, SpeculativeEngine
-    from decoding.engine.kv_cache import Chain
-    from decoding.engine.results import GenerationResult
+    from decoding.kv_cache import Chain
+    from decoding.results import GenerationResult
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from decoding.engine.results import GenerationResult
+    from decoding.results import GenerationResult
     from lsp_server.config import Settings
     from lsp_server.context import ContextBuilder, ContextRequest, Prompt
     from lsp_server.ending import Ending

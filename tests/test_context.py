@@ -17,7 +17,7 @@ from lsprotocol import types
 from pygls.workspace import PositionCodec
 from transformers import AutoTokenizer
 
-from decoding.engine.kv_cache import common_prefix_length
+from decoding.kv_cache import common_prefix_length
 from lsp_server import postprocess
 from lsp_server.context import fim
 from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows

@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.verify import SamplingParams, sampling_probs
+from decoding.verify import SamplingParams, sampling_probs
 from tests.reference import next_token_logits
 from tests.tiny_models import TINY_VOCAB, loaded, tiny_model
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decoding.cost_model import CostModel
 from decoding.draft_head.network import (
     DraftHead,
     HeadCache,
@@ -22,12 +23,12 @@ from decoding.draft_head.network import (
 )
 from decoding.draft_head.training import TEMPERATURES, chain_loss, chain_outputs, held_out
 from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
-from decoding.drafters.draft_head import HeadDrafter
-from decoding.drafters.length import AcceptanceStats, CostModel
-from decoding.engine.kv_cache import PrefixCache
+from decoding.drafters.head import HeadDrafter
+from decoding.drafters.length import AcceptanceStats
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.verify import SamplingParams
 from decoding.forward.llama import from_transformers
+from decoding.kv_cache import PrefixCache
+from decoding.verify import SamplingParams
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
 from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.test_quant import lean_loaded, plain_greedy_pass
