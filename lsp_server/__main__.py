@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from lsp_server import __version__
 from lsp_server.config import DRAFTER_NAMES, SettingError, from_cli, validate
-from lsp_server.endpoint import API_NAMES
+from lsp_server.endpoint import API_NAMES, insecure_reason
 
 if TYPE_CHECKING:
     from lsp_server.server import CompletionServer
@@ -152,8 +152,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.drafter == "model" and not args.draft_model:
         parser.error("--drafter model needs --draft-model")
-    from lsp_server.endpoint import insecure_reason
-
     reason = insecure_reason(args.endpoint, bool(args.allow_insecure_endpoint))
     if reason is not None:
         parser.error(f"--endpoint {args.endpoint}: {reason}")

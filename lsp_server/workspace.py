@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from decoding.corpus_index import CorpusIndex  # numpy only: no torch
 from lsp_server.context import FileSymbols, SymbolTable, extract
 from lsp_server.context.languages import EXTENSIONS
 
@@ -320,8 +321,6 @@ class WorkspaceIndex:
     # -- the builder thread ------------------------------------------------------------------------
     def _build(self, ngram: DocumentSources, documents: list[np.ndarray], version: int) -> None:
         """Build the index and hand it to ``ngram`` (a reference swap its lookups read once)."""
-        from decoding.corpus_index import CorpusIndex
-
         try:
             index = CorpusIndex(documents)
             ngram.corpus = index if len(index) else None
