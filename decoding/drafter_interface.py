@@ -72,7 +72,7 @@ class DocumentSources(Protocol):
 
 
 class Drafter(Protocol):
-    """What the engine calls on a drafter. The last four are optional capabilities with no-op
+    """What the engine calls on a drafter. The last five are optional capabilities with no-op
     defaults here: a drafter class subclasses ``Drafter`` to inherit them, and overrides the
     ones it has (the engine calls them on every drafter, never probes for them)."""
 
