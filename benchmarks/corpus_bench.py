@@ -35,7 +35,7 @@ def texts_up_to(limit_bytes: int) -> list[str]:
 
 
 def measure(mb: float, encode, lookups: int) -> dict[str, float]:
-    from decoding.drafters.corpus import CorpusIndex
+    from decoding.corpus_index import CorpusIndex
 
     texts = texts_up_to(int(mb * (1 << 20)))
     started = time.perf_counter()

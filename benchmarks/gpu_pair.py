@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 
 from benchmarks.replicas import SHAPES, Shape
-from decoding.drafters.base import Draft
+from decoding.drafter_interface import Draft
 from decoding.drafters.model import ModelDrafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward

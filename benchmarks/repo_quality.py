@@ -578,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
 
     from decoding import SpeculativeEngine, load_model
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.kv_cache import PrefixCache
 
     projects = list(DEV_PROJECTS) if args.dev else [p for p in args.projects.split(",") if p]
     prompts = promptings([x for x in args.layouts.split(",") if x], [x for x in args.tweaks.split(",") if x])

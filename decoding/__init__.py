@@ -2,7 +2,7 @@
 
 This package knows nothing about LSP or asyncio; the server drives it from a worker thread.
 
-Its names are imported lazily (PEP 562): ``decoding.engine.healing`` and ``decoding.engine.results`` are pure
+Its names are imported lazily (PEP 562): ``decoding.engine.healing`` and ``decoding.results`` are pure
 Python, and a server that decodes on a remote engine uses them without importing torch, which
 ``engine`` and ``models`` need.
 """
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-    from decoding.engine.results import GenerationResult, GenerationStats
     from decoding.models.loading import LoadedModel, ModelLoadError, load_model
+    from decoding.results import GenerationResult, GenerationStats
 
 _WHERE = {
     "GenerationConfig": "decoding.engine.loop",
     "SpeculativeEngine": "decoding.engine.loop",
-    "GenerationResult": "decoding.engine.results",
-    "GenerationStats": "decoding.engine.results",
+    "GenerationResult": "decoding.results",
+    "GenerationStats": "decoding.results",
     "LoadedModel": "decoding.models.loading",
     "ModelLoadError": "decoding.models.loading",
     "load_model": "decoding.models.loading",

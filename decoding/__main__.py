@@ -15,8 +15,8 @@ from pathlib import Path
 
 from decoding.drafters import DRAFTER_NAMES, load_head_drafter, make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.results import GenerationResult
 from decoding.models.loading import QUANTIZATIONS, ModelLoadError, check_draft_compatible, load_model
+from decoding.results import GenerationResult
 
 log = logging.getLogger("decoding")
 

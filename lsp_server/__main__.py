@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from lsp_server import __version__
 from lsp_server.config import DRAFTER_NAMES, Layered, SettingError, from_cli, validate
-from lsp_server.remote.endpoint import API_NAMES
+from lsp_server.endpoint import API_NAMES, insecure_reason
 from lsp_server.request_log import LOG_FORMAT, RequestIdFilter
 
 if TYPE_CHECKING:
@@ -154,8 +154,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.drafter == "model" and not args.draft_model:
         parser.error("--drafter model needs --draft-model")
-    from lsp_server.remote.endpoint import insecure_reason
-
     reason = insecure_reason(args.endpoint, bool(args.allow_insecure_endpoint))
     if reason is not None:
         parser.error(f"--endpoint {args.endpoint}: {reason}")

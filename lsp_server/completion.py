@@ -46,7 +46,7 @@ from lsp_server.stats import ServerStats
 from lsp_server.workspace import WorkspaceIndex
 
 if TYPE_CHECKING:
-    from decoding.engine.results import GenerationResult
+    from decoding.results import GenerationResult
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from decoding.choices import DRAFTER_NAMES, QUANTIZATIONS, DrafterName, Quantiza
 from lsp_server.context import FIM_SETTINGS as FIM_STYLES
 from lsp_server.context import is_fim_setting
 from lsp_server.ending import MULTILINE_MODES
-from lsp_server.remote.endpoint import API_NAMES, EndpointError, insecure_reason, parse_base_url
+from lsp_server.endpoint import API_NAMES, EndpointError, insecure_reason, parse_base_url
 
 SECTION = "lspServer"
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")

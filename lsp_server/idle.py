@@ -41,7 +41,7 @@ from lsp_server.stats import ServerStats
 from lsp_server.workspace import WorkspaceIndex
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
-    from decoding.engine.results import GenerationResult
+    from decoding.results import GenerationResult
 
 IDLE_BEFORE_BACKGROUND_S = 0.15  # a typist's next key usually comes sooner: don't start work to drop
 IDLE_BEFORE_INDEXING_S = 0.5  # the workspace index waits for a real pause, after any prefetch

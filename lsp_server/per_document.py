@@ -1,7 +1,7 @@
 """Everything the server keeps per document, forgotten in one place.
 
 Several owners keep state keyed by a document's URI: the answers remembered (``reuse.py``), the
-KV cache and greedy chain (``decoding.engine.kv_cache.PrefixCache``), the n-gram drafter's sources
+KV cache and greedy chain (``decoding.kv_cache.PrefixCache``), the n-gram drafter's sources
 (``sources.py``), a draft model's per-document cache, the parse trees (``syntax.ParseCache``) and
 the snippet windows (``snippets.SnippetIndex``). Each registers its ``forget`` here; closing a
 document, or its falling out of the ``max_documents`` most recently used ones, calls them all.

@@ -14,7 +14,7 @@ Two cheap checks on the event loop, before any work is scheduled:
 - A request whose document differs from the one the shown suggestion was made for only by
   characters typed at the cursor that match the suggestion's start is typed-ahead: it skips the
   debounce. The answer itself comes from the engine's greedy chain for the document (see
-  ``decoding/engine/kv_cache.py``): the remainder with no target pass, and exact by construction, since
+  ``decoding/kv_cache.py``): the remainder with no target pass, and exact by construction, since
   it is checked token by token rather than character by character here.
 """
 

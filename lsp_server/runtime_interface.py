@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from decoding.drafters.base import DocumentSources
-    from decoding.engine.results import GenerationResult
+    from decoding.drafter_interface import DocumentSources
+    from decoding.results import GenerationResult
     from lsp_server.config import Settings
     from lsp_server.context import ContextBuilder, ContextRequest, Prompt
     from lsp_server.ending import Ending

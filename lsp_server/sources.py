@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # decoding imports torch: the worker thread loads it
-    from decoding.drafters.base import DocumentSources
+    from decoding.drafter_interface import DocumentSources
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ and ``workspace/didChangeWatchedFiles`` re-read or drop single files.
 
 Tokenizing runs on the decode worker as idle-time jobs, like the open documents' indexing in
 ``sources.py``: the tokenizer is the engine's and is not shared across threads, and any request
-pre-empts the job between files. The index (``decoding.drafters.corpus.CorpusIndex``, a suffix
+pre-empts the job between files. The index (``decoding.corpus_index.CorpusIndex``, a suffix
 array, ``benchmarks/corpus_bench.py``) is then built on a thread of its own, so that a request arriving
 meanwhile does not wait for it, and replaces the drafter's old one whole; until then the old one
 serves.
@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from decoding.corpus_index import CorpusIndex  # numpy only: no torch
 from lsp_server.context import FileSymbols, SymbolTable, extract
 from lsp_server.context.languages import EXTENSIONS
 
 if TYPE_CHECKING:  # decoding imports torch: the worker thread loads it
-    from decoding.drafters.base import DocumentSources
+    from decoding.drafter_interface import DocumentSources
 
 log = logging.getLogger(__name__)
 
@@ -320,8 +321,6 @@ class WorkspaceIndex:
     # -- the builder thread ------------------------------------------------------------------------
     def _build(self, ngram: DocumentSources, documents: list[np.ndarray], version: int) -> None:
         """Build the index and hand it to ``ngram`` (a reference swap its lookups read once)."""
-        from decoding.drafters.corpus import CorpusIndex
-
         try:
             index = CorpusIndex(documents)
             ngram.corpus = index if len(index) else None

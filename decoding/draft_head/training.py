@@ -58,6 +58,7 @@ from decoding.draft_head.network import (
     load_head,
     shipped_head,
 )
+from decoding.draft_head.precision import bf16_scores_faster
 from decoding.models.loading import LoadedModel, cache_root, load_model
 
 log = logging.getLogger("decoding.draft_head.training")
@@ -353,8 +354,6 @@ def use_bf16(precision: str, dim: int, device: torch.device) -> bool:
     makes more than a few epochs fit in a session). The weights,
     the optimizer and the report stay fp32."""
     if precision == "auto":
-        from decoding.drafters.draft_head import bf16_scores_faster
-
         return device.type != "cpu" or bf16_scores_faster(8192, dim)
     return precision == "bf16"
 

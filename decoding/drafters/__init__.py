@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from decoding.choices import DRAFTER_NAMES, DrafterName
+from decoding.cost_model import CostModel
+from decoding.drafter_interface import Draft, Drafter
 from decoding.drafters.auto import AutoDrafter
-from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.draft_head import HeadDrafter, load_head_drafter
-from decoding.drafters.length import CostModel
+from decoding.drafters.head import HeadDrafter, load_head_drafter
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import NgramDrafter
 from decoding.models.loading import LoadedModel

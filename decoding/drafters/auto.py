@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from decoding.drafters.base import Draft, Drafter, OwedText
-from decoding.drafters.draft_head import HeadDrafter
-from decoding.drafters.length import CostModel, best_draft_length
+from decoding.cost_model import CostModel
+from decoding.drafter_interface import Draft, Drafter, OwedText
+from decoding.drafters.head import HeadDrafter
+from decoding.drafters.length import best_draft_length
 from decoding.drafters.model import ModelDrafter
 from decoding.drafters.ngram import Match, NgramDrafter
-from decoding.engine.verify import SamplingParams
+from decoding.verify import SamplingParams
 
 
 class AutoDrafter(Drafter):

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length, ema
-from decoding.engine.kv_cache import PrefixCache, common_prefix_length
-from decoding.engine.verify import SamplingParams, sample, sampling_probs
+from decoding.cost_model import CostModel, ema
+from decoding.drafter_interface import Draft, Drafter
+from decoding.drafters.length import AcceptanceStats, best_draft_length
+from decoding.kv_cache import PrefixCache, common_prefix_length
 from decoding.models.loading import LoadedModel
+from decoding.verify import SamplingParams, sample, sampling_probs
 
 
 class ModelDrafter(Drafter):

@@ -4,8 +4,8 @@ Code repeats itself (names, call shapes, whole lines copied from above or from a
 file), and a match costs nothing to find, so this is the drafter that pays on a CPU. Each token
 stream (the live sequence, other open documents, previously accepted completions) has an index
 from n-gram to end positions that is extended as tokens arrive rather than rescanned per step.
-A corpus (``corpus.CorpusIndex``: the workspace's files, too large for these per-stream
-indexes) is consulted last and wins only with a strictly longer match that its own acceptance
+A corpus (``decoding.corpus_index.CorpusIndex``: the workspace's files, too large for these
+per-stream indexes) is consulted last and wins only with a strictly longer match that its own acceptance
 statistics expect to gain more.
 The longest match wins; among equally long ones (or ones both past ``SURE_MATCH`` tokens) the
 one with more tokens to propose, then the live sequence first, then accepted completions, then
@@ -26,12 +26,13 @@ from itertools import islice
 
 import torch
 
-from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.corpus import CorpusIndex
-from decoding.drafters.length import AcceptanceStats, CostModel, best_draft_length
-from decoding.engine.kv_cache import common_prefix_length
-from decoding.engine.results import DrafterStats
-from decoding.engine.verify import SamplingParams
+from decoding.corpus_index import CorpusIndex
+from decoding.cost_model import CostModel
+from decoding.drafter_interface import Draft, Drafter
+from decoding.drafters.length import AcceptanceStats, best_draft_length
+from decoding.kv_cache import common_prefix_length
+from decoding.results import DrafterStats
+from decoding.verify import SamplingParams
 
 
 class TokenIndex:

@@ -1,9 +1,15 @@
 """The speculative decoding loop and what it decides with.
 
 ``loop`` drafts, verifies in one target pass, accepts and rolls back (``SpeculativeEngine``);
-``verify`` holds the acceptance rules that keep greedy output the target's own and sampled
-output the target's distribution; ``healing`` constrains a healed prompt's first tokens;
-``stops`` cuts the text; ``kv_cache`` keeps each document's cache and greedy chain between
-requests; ``pacing`` sizes prefill passes by measured time. ``results`` and ``healing`` import
-no torch, so a server on a remote engine uses them without it.
+``healing`` constrains a healed prompt's first tokens; ``stops`` cuts the text; ``pacing`` sizes
+prefill passes by measured time. ``healing`` imports no torch, so a server on a remote engine
+uses it without it.
+
+What the engine shares with the drafters sits below both, in leaf modules of ``decoding``: the
+drafter interface (``decoding.drafter_interface``), the acceptance rules that keep greedy output
+the target's own and sampled output the target's distribution (``decoding.verify``), the
+``CostModel`` (``decoding.cost_model``), each document's cache and greedy chain between requests
+(``decoding.kv_cache``) and what a generation returns (``decoding.results``). The engine calls
+drafters only through the interface and never imports ``decoding.drafters``
+(``tests/test_layout.py``).
 """

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the prompt builder backs prompts up here on a remote server too: no torch
     import torch
 
-    from decoding.drafters.base import Draft
-    from decoding.engine.kv_cache import Chain
+    from decoding.drafter_interface import Draft
+    from decoding.kv_cache import Chain
 
 MAX_BACKUP_TOKENS = 3  # only to step over a character split between tokens
 BLANK = (b" ", b"\t", b"\n", b"\r")

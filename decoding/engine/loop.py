@@ -27,14 +27,15 @@ from typing import Any
 
 import torch
 
-from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.length import CostModel
+from decoding.cost_model import CostModel
+from decoding.drafter_interface import Draft, Drafter
 from decoding.engine.healing import Healing, HealingIndex, PrefixConstraint, asked_fits, chain_fits
-from decoding.engine.kv_cache import Asked, Borrowed, PrefixCache
 from decoding.engine.pacing import PREFILL_PASS_MS, PrefillPace
-from decoding.engine.results import DrafterStats, GenerationResult, GenerationStats
 from decoding.engine.stops import Cut, EndingTokens, cut_at_stop, whole_lines
-from decoding.engine.verify import (
+from decoding.kv_cache import Asked, Borrowed, PrefixCache
+from decoding.models.loading import LoadedModel
+from decoding.results import DrafterStats, GenerationResult, GenerationStats
+from decoding.verify import (
     Acceptance,
     SamplingParams,
     greedy_accept,
@@ -42,7 +43,6 @@ from decoding.engine.verify import (
     sampling_probs,
     speculative_accept,
 )
-from decoding.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 

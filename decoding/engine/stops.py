@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from decoding.engine.results import StopReason
+from decoding.results import StopReason
 
 Decode = Callable[[Sequence[int]], str]
 StopWhen = Callable[[str], int | None]

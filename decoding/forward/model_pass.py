@@ -66,7 +66,7 @@ class ModelPass(Protocol):
 class TransformersPass:
     """``ModelPass`` over a transformers causal LM and a ``GrowingLayer`` cache."""
 
-    cost_prior = None  # fp32 CPU and accelerators: the device defaults in drafters/length.py
+    cost_prior = None  # fp32 CPU and accelerators: the device defaults in decoding/cost_model.py
     fingerprint = None  # transformers' caches keep no hidden states for a draft head
     max_context = None
 

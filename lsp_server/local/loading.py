@@ -61,7 +61,7 @@ def assemble_runtime(settings: Settings, target: LoadedModel, draft: LoadedModel
     and the draft model's per-document KV caches (``kv_share``)."""
     from decoding import SpeculativeEngine
     from decoding.drafters import load_head_drafter, make_drafter
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.kv_cache import PrefixCache
 
     share = kv_share(target, draft)
     total = settings.kv_cache_mb * MB

@@ -24,10 +24,10 @@ from lsp_server.runtime_interface import DraftIndexing, Renewal
 
 if TYPE_CHECKING:  # decoding imports torch: only on the loader and worker threads
     from decoding import GenerationResult, LoadedModel, SpeculativeEngine
+    from decoding.drafter_interface import DocumentSources
     from decoding.drafters import Drafter, HeadDrafter
-    from decoding.drafters.base import DocumentSources
-    from decoding.engine.kv_cache import Chain, PrefixCache
     from decoding.engine.transformers_peer import TransformersDecoder
+    from decoding.kv_cache import Chain, PrefixCache
 
 log = logging.getLogger(__name__)
 

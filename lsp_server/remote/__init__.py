@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lsp_server.remote.endpoint import EndpointConfig, EndpointError
+from lsp_server.endpoint import EndpointConfig, EndpointError
 from lsp_server.remote.health import Notice
 from lsp_server.remote.request import RemoteRequest, RemoteResult
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lsp_server.remote.endpoint import BaseUrl
+from lsp_server.endpoint import BaseUrl
 from lsp_server.remote.gate import prefix_grammar
 from lsp_server.remote.request import RemoteRequest, StopReason
 

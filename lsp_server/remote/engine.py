@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 import httpx2 as httpx
 
+from lsp_server.endpoint import EndpointConfig
 from lsp_server.remote import transport
 from lsp_server.remote.dialects import Chunk, dialect, parse_pieces, parse_text, parse_tokens
-from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.gate import Gate
 from lsp_server.remote.health import Health, Notice
 from lsp_server.remote.request import RemoteRequest, RemoteResult

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from decoding.engine.results import GenerationResult, GenerationStats
+from decoding.results import GenerationResult, GenerationStats
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, Prompt
 from lsp_server.ending import Ending
+from lsp_server.endpoint import EndpointConfig
 from lsp_server.remote.chains import Chain, Chains
-from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.engine import RemoteEngine
 from lsp_server.remote.health import Notice
 from lsp_server.remote.request import RemoteRequest, RemoteResult

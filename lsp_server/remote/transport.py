@@ -26,7 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx2 as httpx
 
-from lsp_server.remote.endpoint import EndpointConfig, parse_base_url
+from lsp_server.endpoint import EndpointConfig, parse_base_url
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 5.0

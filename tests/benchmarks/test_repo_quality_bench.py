@@ -246,7 +246,7 @@ def test_on_the_real_qwen_the_layouts_and_the_cached_log_prob(tmp_path):
     found = real_models.installed_path("qwen2.5-coder-0.5b")
     if found is None:
         pytest.skip("qwen2.5-coder-0.5b is not installed: python -m benchmarks.real_models --install")
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.kv_cache import PrefixCache
 
     engine = SpeculativeEngine(load_model(str(found), device="cpu"), prefix_cache=PrefixCache(1 << 28))
     tokens = Tokens.for_engine(engine)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests import lsp_helpers as h
+from tests.support import lsp as h
 
 INLINE = "textDocument/inlineCompletion"
 DOCUMENTS = {41: "file:///work/first.py", 42: "file:///work/second.py"}  # LSP request id -> document

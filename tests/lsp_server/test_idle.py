@@ -26,7 +26,7 @@ from lsp_server.local.local_runtime import LocalRuntime
 from lsp_server.model_host import ModelHost
 from lsp_server.scheduler import Scheduler
 from lsp_server.stats import ServerStats
-from tests.lsp_helpers import tiny_model_dir
+from tests.support.lsp import tiny_model_dir
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding.drafters.corpus import MAX_MATCH, CorpusIndex
+from decoding.corpus_index import MAX_MATCH, CorpusIndex
 from decoding.drafters.ngram import NgramDrafter
 from lsp_server.workspace import WorkspaceIndex, WorkspaceLimits, excluded, source_files
 

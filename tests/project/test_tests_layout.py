@@ -1,6 +1,6 @@
 """The tests' own layout: folders that mirror the packages, and helpers in one place.
 
-A newcomer looking for the tests of ``decoding/engine/verify.py`` finds them in
+A newcomer looking for the tests of ``decoding/verify.py`` finds them in
 ``tests/decoding/engine/``; whatever two test modules share lives in ``tests/support/``, so that
 no test module imports another (an import of a test module also collects its tests a second
 time under another name, and ties two files' fixtures together by accident). Every import

@@ -16,8 +16,8 @@ import pytest
 
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.verify import SamplingParams
 from decoding.models.loading import ModelLoadError, check_draft_compatible
+from decoding.verify import SamplingParams
 from tests.support.reference import plain_greedy
 from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from decoding.corpus_index import CorpusIndex
+from decoding.cost_model import CostModel
+from decoding.drafter_interface import Draft, Drafter
 from decoding.drafters import make_drafter
-from decoding.drafters.base import Draft, Drafter
-from decoding.drafters.corpus import CorpusIndex
-from decoding.drafters.length import CostModel
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.greedy_cases import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.support.reference import plain_greedy

@@ -15,7 +15,7 @@ import torch
 
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.verify import SamplingParams
+from decoding.verify import SamplingParams
 from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.support.tiny_models import loaded, tiny_model
 

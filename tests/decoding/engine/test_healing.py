@@ -400,7 +400,7 @@ def test_after_indentation_healing_writes_the_next_statement(default_model):
 def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
     """Known greedy continuations serve a healed prompt only where they spell the required text,
     and a token healing forced never enters the greedy chain that later requests reuse."""
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.kv_cache import PrefixCache
     from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
@@ -432,7 +432,7 @@ def test_typing_on_inside_a_healed_word_answers_from_the_last_answer_exactly(tin
     """The same prompt asked again with more of the word typed (healing owes a longer text) is
     answered from what was decoded for the shorter text, with no pass, wherever that is what
     healing the longer text decodes; and always exactly that, after a deletion too."""
-    from decoding.engine.kv_cache import PrefixCache
+    from decoding.kv_cache import PrefixCache
     from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from decoding.engine.kv_cache import common_prefix_length
+from decoding.kv_cache import common_prefix_length
 from lsp_server.context import fim
 from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
 from lsp_server.context.languages import detect, grammar

@@ -9,9 +9,9 @@ from transformers import AutoTokenizer
 from lsp_server import config
 from lsp_server.context.builder import ContextBuilder, ContextRequest
 from lsp_server.context.tokens import Tokens
+from lsp_server.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
 from lsp_server.remote import EndpointConfig, EndpointError
 from lsp_server.remote.dialects import LlamaCppDialect, OpenAIDialect, dialect, parse_text, parse_tokens
-from lsp_server.remote.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
 from lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
 from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILURES_FOR_OUTAGE, Health
 from lsp_server.remote.request import RemoteRequest

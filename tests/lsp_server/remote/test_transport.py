@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from lsp_server.endpoint import EndpointConfig
 from lsp_server.remote import transport
-from lsp_server.remote.endpoint import EndpointConfig
 from lsp_server.remote.transport import LoopThread, TransportError
 from tests.support.remote_server import (
     HttpServer,

@@ -1,7 +1,8 @@
 """What a generation returns: its text, stop reason and statistics, as plain dataclasses.
 
-Kept apart from ``engine.py`` (torch) so that a runtime that decodes elsewhere (a remote engine,
-``lsp_server/remote``) can return the same result without importing torch.
+Kept apart from the engine (torch) so that a runtime that decodes elsewhere (a remote engine,
+``lsp_server/remote``) can return the same result without importing torch, and below the
+drafters, which count their drafts in ``DrafterStats``.
 """
 
 from __future__ import annotations

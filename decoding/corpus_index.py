@@ -1,21 +1,24 @@
 """A large, read-only draft source (the workspace's files) with a longest-suffix lookup.
 
-The n-gram drafter's per-stream index (``ngram.TokenIndex``) keeps a dict entry per n-gram and
-costs hundreds of bytes per token: right for the few open documents, which change on every keystroke, and
-far too much for a workspace of millions of tokens that changes on a save. This index is a suffix
-array over the *reversed* token stream (documents joined by a separator): the suffixes of the
-reversed stream are the text read backwards from each position, so the positions whose preceding
-tokens agree longest with the sequence's tail sit next to each other in it, and one binary search
-finds the longest match of any length (not only up to a fixed n) and every place it occurs.
-It costs 8 bytes per token (the reversed tokens and the array, int32) and a lookup ~20
-comparisons of at most ``MAX_MATCH`` tokens each (timed by ``benchmarks/corpus_bench.py``).
-libdivsufsort releases the GIL, so the array can be built on a thread of its own while the
-decode worker runs.
+The n-gram drafter's per-stream index (``decoding.drafters.ngram.TokenIndex``) keeps a dict entry
+per n-gram and costs hundreds of bytes per token: right for the few open documents, which change
+on every keystroke, and far too much for a workspace of millions of tokens that changes on a save.
+This index is a suffix array over the *reversed* token stream (documents joined by a separator):
+the suffixes of the reversed stream are the text read backwards from each position, so the
+positions whose preceding tokens agree longest with the sequence's tail sit next to each other in
+it, and one binary search finds the longest match of any length (not only up to a fixed n) and
+every place it occurs. It costs 8 bytes per token (the reversed tokens and the array, int32) and a
+lookup ~20 comparisons of at most ``MAX_MATCH`` tokens each (timed by
+``benchmarks/corpus_bench.py``). libdivsufsort releases the GIL, so the array can be built on a
+thread of its own while the decode worker runs.
 
 Hashed n-grams would answer in O(1) but bound the match length by the largest n kept and cost a
 table per n; the match length is what tells the drafter how far to trust a match, and code's
 long repeats (a call retyped from another file) are what pays. The array is built by
 libdivsufsort (``pydivsufsort``), a C implementation that takes any integer alphabet.
+
+A leaf module, not part of ``decoding.drafters``: the drafter interface names it (the server
+hands the index to a drafter's ``DocumentSources``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Where a remote engine lives and what may be sent there: the URL rules of the security model.
 
-Kept free of any HTTP library so that ``lsp_server.config`` can validate settings with it.
+Kept free of any HTTP library, and outside ``lsp_server.remote``, so that ``lsp_server.config``
+can validate settings with it: the settings sit below the remote engines, which read them.
 The rules: ``http`` or ``https`` only; no user or password in the URL (a key belongs in the
 environment variable named by ``apiKeyEnv``, never in a setting); plain ``http://`` only to a
 loopback address unless the user says otherwise, because a bearer token and the user's code would

@@ -5,6 +5,10 @@ A drafter sees the whole token sequence so far (prompt plus accepted output) and
 were kept. Passing the whole sequence, rather than deltas, lets a stateful drafter (a draft
 model with its own KV cache) roll itself back by comparing with what it cached: the engine never
 has to know how a drafter stores its state.
+
+A leaf below both sides: the engine (``decoding.engine``) calls drafters only through this module,
+and a drafter (``decoding.drafters``, or a new one: ``docs/adding-a-drafter.md``) implements it
+without importing the engine.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from decoding.engine.verify import SamplingParams
+from decoding.verify import SamplingParams
 
 if TYPE_CHECKING:
-    from decoding.drafters.corpus import CorpusIndex
-    from decoding.engine.results import DrafterStats
+    from decoding.corpus_index import CorpusIndex
+    from decoding.results import DrafterStats
 
 
 class OwedText(Protocol):
@@ -68,7 +72,7 @@ class DocumentSources(Protocol):
 
 
 class Drafter(Protocol):
-    """What the engine calls on a drafter. The last four are optional capabilities with no-op
+    """What the engine calls on a drafter. The last five are optional capabilities with no-op
     defaults here: a drafter class subclasses ``Drafter`` to inherit them, and overrides the
     ones it has (the engine calls them on every drafter, never probes for them)."""
 
