@@ -26,7 +26,10 @@ from transformers import (
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward import llama
-from decoding.forward.llama import UnsupportedModel, _rope_order, from_gguf, from_transformers
+from decoding.forward.assembly import rope_order
+from decoding.forward.gguf_loader import from_gguf
+from decoding.forward.shapes import UnsupportedModel
+from decoding.forward.transformers_loader import from_transformers
 from tests.test_quant import lean_loaded, plain_greedy_pass
 
 VOCAB = 96
@@ -151,7 +154,7 @@ def write_gguf(model: torch.nn.Module, arch: str, path, kind: QType = QType.F32)
                     continue
                 values = tensor.detach().numpy().copy()
                 if arch == "llama" and short in heads:
-                    values = values[_rope_order(values.shape[0], heads[short])]
+                    values = values[rope_order(values.shape[0], heads[short])]
                 add(f"blk.{i}.{short}.{part}", values, part == "weight" and values.ndim == 2)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

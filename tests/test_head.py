@@ -27,7 +27,7 @@ from decoding.drafters.length import AcceptanceStats, CostModel
 from decoding.engine.kv_cache import PrefixCache
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.engine.verify import SamplingParams
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case
 from tests.test_engine_sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.test_quant import lean_loaded, plain_greedy_pass

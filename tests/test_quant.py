@@ -19,7 +19,6 @@ from decoding.forward.llama import (
     KVCache,
     LlamaForward,
     attention_row_floor,
-    from_transformers,
 )
 from decoding.forward.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
 from decoding.forward.quant.layers import (
@@ -31,6 +30,7 @@ from decoding.forward.quant.layers import (
     quantize_linears,
     ranked_terms,
 )
+from decoding.forward.transformers_loader import from_transformers
 from decoding.models.loading import LoadedModel
 from tests.test_engine_greedy import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.tiny_models import TinyTokenizer, tiny_config, tiny_model
