@@ -20,10 +20,11 @@ from transformers import AutoTokenizer
 from decoding.engine.kv_cache import common_prefix_length
 from lsp_server import postprocess
 from lsp_server.context import fim
-from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
+from lsp_server.context.builder import ContextBuilder, ContextRequest
 from lsp_server.context.languages import detect, grammar
 from lsp_server.context.snippets import OpenDocument, SnippetIndex
 from lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
+from lsp_server.context.text import split_rows
 from lsp_server.context.tokens import Tokens
 from lsp_server.documents import LspTextDocument, locate
 from tests.golden_cases import CASES, Golden
