@@ -36,6 +36,7 @@ import torch
 from decoding.choices import QUANTIZATIONS, Quantization
 from decoding.forward.cpu_matmul import use_small_batch_linear
 from decoding.forward.model_pass import ModelPass, TransformersPass
+from decoding.forward.shapes import UnsupportedModel
 from decoding.memory import give_back_freed_memory
 from decoding.models.discovery import (
     ModelLoadError,
@@ -372,7 +373,6 @@ def _lean_gguf(
     None where it does not apply (another architecture): the caller then dequantizes through
     transformers."""
     from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.shapes import UnsupportedModel
 
     graphed = torch_device.type == "cuda"
     try:
@@ -420,7 +420,6 @@ def _graphed(
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
     """A transformers Llama on the lean forward, its linear layers quantized to ``bits`` (0: dense
     fp32, for the graphed forward), or None if not a Llama."""
-    from decoding.forward.shapes import UnsupportedModel
     from decoding.forward.transformers_loader import from_transformers
 
     try:
