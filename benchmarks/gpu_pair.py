@@ -43,7 +43,7 @@ from decoding.drafters.model import ModelDrafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward
 from decoding.forward.graphed_weights import DenseProduct, GraphedLayer, GraphedWeights, Int4Product, Product
-from decoding.forward.llama import LlamaShape
+from decoding.forward.shapes import LlamaShape
 from decoding.models.loading import LoadedModel
 
 log = logging.getLogger("gpu_pair")
@@ -249,8 +249,8 @@ def build(
 def default_model_steps(device: torch.device, rounds: int, sync: Any) -> dict[str, dict[str, float]]:
     """The embedded default model as the server loads it on this device (its Q4_1 blocks on the
     4-bit kernel) against all of it dense in bf16 (the forward before 4-bit weights on CUDA)."""
+    from decoding.forward.gguf_loader import from_gguf
     from decoding.forward.graphed import from_gguf_on_device
-    from decoding.forward.llama import from_gguf
     from decoding.models.loading import default_gguf_path
 
     path = str(default_gguf_path())

@@ -211,7 +211,8 @@ LOG_PROB_KEY = "line_log_prob"  # the prefix-cache key a scored generation leave
 
 class Variants:
     def __init__(self, engine, budget: int, max_new_tokens: int) -> None:
-        from lsp_server.context.builder import ContextBuilder, Tokens
+        from lsp_server.context.builder import ContextBuilder
+        from lsp_server.context.tokens import Tokens
 
         self.engine, self.budget, self.max_new = engine, budget, max_new_tokens
         self.tokens = Tokens.for_engine(engine)
@@ -251,7 +252,8 @@ class Variants:
         gives the project's definitions); ``log_prob``: the true line's too (``line_log_prob``)."""
         from decoding import GenerationConfig
         from lsp_server import postprocess
-        from lsp_server.context.builder import ContextRequest, detect
+        from lsp_server.context.builder import ContextRequest
+        from lsp_server.context.languages import detect
 
         started = time.perf_counter()
         uri = uri or f"file:///corpus/{case.file}"

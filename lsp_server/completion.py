@@ -33,8 +33,8 @@ from pygls.workspace import TextDocument
 from lsp_server import postprocess, request_log
 from lsp_server.config import Settings
 from lsp_server.context import ContextBuilder, ContextRequest, EditRing, OpenDocument, Prompt, detect
-from lsp_server.context.builder import Shown
 from lsp_server.context.languages import LanguageSpec
+from lsp_server.context.sticky_rows import Shown
 from lsp_server.documents import Cursor, PositionError, locate
 from lsp_server.idle import IdleWork
 from lsp_server.model_host import ModelHost

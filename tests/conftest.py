@@ -39,7 +39,7 @@ def default_tokenizer_folder(tmp_path_factory, default_model):
 def kernel_backend(request, monkeypatch):
     """Run a test on llama.cpp's kernels (``LSP_NATIVE=1``, the default where built) and on
     torch's (``LSP_NATIVE=0``, the fallback); forwards made inside the test take the backend."""
-    from decoding.forward.native import kernels
+    from decoding.forward.native.serving import kernels
 
     monkeypatch.setenv("LSP_NATIVE", "1" if request.param == "native" else "0")
     kernels.cache_clear()

@@ -48,6 +48,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from decoding.forward.assembly import PRODUCTS, joined_qkv_bias
+from decoding.forward.gguf_loader import GgufWeights
 from decoding.forward.graphed_weights import (
     DenseProduct,
     GraphedLayer,
@@ -56,19 +58,10 @@ from decoding.forward.graphed_weights import (
     Rows,
     device_product,
 )
-from decoding.forward.llama import (
-    PRODUCTS,
-    BlockEmbedding,
-    GgufWeights,
-    LlamaForward,
-    LlamaShape,
-    fingerprint,
-    head_scales,
-    joined_qkv_bias,
-    rotary_table,
-)
+from decoding.forward.llama import BlockEmbedding, LlamaForward, fingerprint, head_scales, rotary_table
 from decoding.forward.quant.gguf_blocks import decode_tensor, quantize_dense
 from decoding.forward.quant.layers import concat_rows
+from decoding.forward.shapes import LlamaShape
 
 log = logging.getLogger(__name__)
 

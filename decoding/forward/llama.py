@@ -17,9 +17,11 @@ and the causal mask only adds exact zeros to a row's sums. That is what makes sp
 decoding equal plain decoding of this very model, and a cache filled by any mix of prefills,
 steps and verify passes equal to one filled in one pass.
 
-Weights come from a GGUF file's own quantized blocks (``from_gguf``) or from a transformers
-Llama quantized at load (``from_transformers``). Rotary embeddings act on adjacent pairs, as in
-llama.cpp's layout; a transformers checkpoint's q and k rows are permuted into it at load.
+Only the pass is here. Which families it runs is ``architectures.py``'s table, a model's shape
+``shapes.py``; the weights come from a GGUF file's own quantized blocks (``gguf_loader.py``) or
+from a transformers model quantized at load (``transformers_loader.py``), both put together into
+a ``LlamaForward`` by ``assembly.py``. Rotary embeddings act on adjacent pairs, as in llama.cpp's
+layout; the loaders permute rows kept in rotate-half order into it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,27 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType, quants
+from gguf import quants
 
-from decoding.forward.gguf_header import GgufHeader, GgufTensor, read_header
-from decoding.forward.native import (
-    Kernels,
-    NativeLinear,
-    NativeOutputLayer,
-    Weight,
-    kernels,
-    kernels_for_files,
-)
 from decoding.forward.native.layers import NativeLayers
-from decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows, quantize_dense
-from decoding.forward.quant.layers import (
-    INT4_N_MULTIPLE,
-    CertifiedOutputLayer,
-    DenseOutputLayer,
-    QuantizedOutputLayer,
-    concat_rows,
-    linear_for,
-)
+from decoding.forward.native.library import Kernels
+from decoding.forward.native.linear import NativeLinear
+from decoding.forward.quant.layers import DenseOutputLayer
+from decoding.forward.shapes import LlamaShape
 from decoding.memory import TRIM_ROWS, trim_heap, untouched_zeros
 
 log = logging.getLogger(__name__)
@@ -70,29 +57,6 @@ PROBE_REFERENCE_ROWS = 256
 # Attention sums over keys in blocks of this many, in order: MKL splits a longer sum in ways that
 # depend on its length, so a row would not add up the same in a pass that attends to more keys.
 KEY_BLOCK = 256
-# GGUF architectures the lean forward covers: Llama's layout, optionally with q/k/v biases (Qwen2)
-# or per-head q/k norms (Qwen3). Where the value is True the file keeps q and k rows in the
-# rotate-half order of the model's own checkpoint (llama.cpp's NEOX rotary), which loading
-# permutes into adjacent pairs; llama's converter has already permuted them.
-LLAMA_ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True}
-# Per-layer GGUF tensors the lean forward reads; a layer holding any other (an output bias, a
-# fused q/k/v, experts, extra norms) is another architecture's.
-LAYER_TENSORS = {
-    "attn_norm.weight",
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "ffn_norm.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-    "attn_q.bias",
-    "attn_k.bias",
-    "attn_v.bias",
-    "attn_q_norm.weight",
-    "attn_k_norm.weight",
-}
 # Relative cost of a pass over n tokens (one token = 1.0), measured for SmolLM2-135M on its Q4_1
 # GGUF on the 2-core CPU (``benchmarks/pass_bench.py``): the 4-bit kernel dequantizes its weights
 # once per four rows, so cost climbs in steps of four. The engine's cost model starts from this and
@@ -115,38 +79,6 @@ COST_PRIOR = {
     256: 30.7,
     512: 69.8,
 }
-
-
-class UnsupportedModel(ValueError):
-    """The lean forward does not cover this model; the caller falls back to transformers'."""
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    layers: int
-    dim: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    rope_theta: float
-    norm_eps: float
-    max_context: int
-    head_size: int = 0  # per attention head; 0: dim // heads (Qwen3's heads are wider)
-    rope_scale: float = 1.0  # linear rotary scaling: positions are divided by it (DeepSeek-Coder)
-
-    @property
-    def head_dim(self) -> int:
-        return self.head_size or self.dim // self.heads
-
-    @property
-    def attention_dim(self) -> int:
-        """The width attention's output has, the output projection's input."""
-        return self.heads * self.head_dim
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
 
 
 @dataclass
@@ -546,359 +478,3 @@ def attention_row_floor(kv_heads: int, head_dim: int) -> int:
             break
         floor = rows
     return floor
-
-
-# -- building one ----------------------------------------------------------------------------------
-def _pair_orders(shape: LlamaShape) -> dict[str, np.ndarray]:
-    """Row orders taking q's and k's rotate-half rows (and their biases) to adjacent pairs."""
-    return {
-        "q": _rope_order(shape.attention_dim, shape.heads),
-        "k": _rope_order(shape.kv_heads * shape.head_dim, shape.kv_heads),
-    }
-
-
-def _rope_order(rows: int, heads: int) -> np.ndarray:
-    """Row order taking a transformers q/k projection (rotate-half pairs) to adjacent pairs."""
-    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
-
-
-# The products of a layer, each over the weights named (one output, side by side).
-PRODUCTS = {"qkv": ("q", "k", "v"), "out": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
-
-
-def _assemble(
-    shape: LlamaShape,
-    linear,
-    vector,
-    embed: Embedding,
-    head: torch.nn.Module,
-    optional=None,
-    native: Kernels | None = None,
-) -> LlamaForward:
-    """``linear(names, i)`` gives layer i's product over the weights ``names`` (``PRODUCTS``),
-    ``vector(name, i)`` a norm's fp32 weights, ``optional(name, i)`` an fp32 bias (``q_bias``,
-    ``k_bias``, ``v_bias``) or head norm (``q_norm``, ``k_norm``) where the model has one."""
-    optional = optional or (lambda name, i: None)
-    layers = []
-    for i in range(shape.layers):
-        products = {name: linear(parts, i) for name, parts in PRODUCTS.items()}
-        layers.append(
-            LlamaLayer(
-                attn_norm=vector("attn_norm", i),
-                ffn_norm=vector("ffn_norm", i),
-                **products,
-                qkv_bias=joined_qkv_bias(shape, [optional(f"{x}_bias", i) for x in "qkv"]),
-                q_norm=optional("q_norm", i),
-                k_norm=optional("k_norm", i),
-            )
-        )
-    return LlamaForward(shape, embed, layers, vector("norm", None), head, native)
-
-
-def _torch_linear(weight):
-    """``linear`` for ``_assemble`` from ``weight(name, i)``'s QuantTensors: torch's kernels."""
-
-    def linear(names: tuple[str, ...], i: int) -> torch.nn.Module:
-        parts = [weight(name, i) for name in names]
-        return linear_for(parts[0] if len(parts) == 1 else concat_rows(parts))
-
-    return linear
-
-
-def joined_qkv_bias(shape: LlamaShape, biases: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """q, k and v's biases as one vector (a missing one zeros); None where the model has none."""
-    if all(b is None for b in biases):
-        return None
-    sizes = [shape.heads * shape.head_dim] + [shape.kv_heads * shape.head_dim] * 2
-    return torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes, strict=True)])
-
-
-GGUF_OPTIONAL = {
-    "q_bias": "attn_q.bias",
-    "k_bias": "attn_k.bias",
-    "v_bias": "attn_v.bias",
-    "q_norm": "attn_q_norm.weight",
-    "k_norm": "attn_k_norm.weight",
-}
-GGUF_NAMES = {
-    "q": "attn_q",
-    "k": "attn_k",
-    "v": "attn_v",
-    "o": "attn_output",
-    "gate": "ffn_gate",
-    "up": "ffn_up",
-    "down": "ffn_down",
-    "attn_norm": "attn_norm",
-    "ffn_norm": "ffn_norm",
-}
-
-
-def gguf_shape(header: GgufHeader) -> LlamaShape:
-    """The model's shape from a GGUF header; ``UnsupportedModel`` (with the reason) where the
-    lean forward does not cover it."""
-    arch = header.get("general.architecture")
-    if arch not in LLAMA_ARCHITECTURES:
-        raise UnsupportedModel(f"architecture {arch!r} (covered: {', '.join(LLAMA_ARCHITECTURES)})")
-    extra = {name.split(".", 2)[2] for name in header.tensors if name.startswith("blk.")} - LAYER_TENSORS
-    if extra:
-        raise UnsupportedModel(f"layer tensors {', '.join(sorted(extra))}")
-    dim = int(header.get(f"{arch}.embedding_length"))
-    heads = int(header.get(f"{arch}.attention.head_count"))
-    head_dim = int(header.get(f"{arch}.attention.key_length", dim // heads))
-    if int(header.get(f"{arch}.attention.value_length", head_dim)) != head_dim:
-        raise UnsupportedModel("values of another width than keys")
-    if int(header.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise UnsupportedModel("partial rotary")
-    return LlamaShape(
-        layers=int(header.get(f"{arch}.block_count")),
-        dim=dim,
-        heads=heads,
-        kv_heads=int(header.get(f"{arch}.attention.head_count_kv", heads)),
-        ffn=int(header.get(f"{arch}.feed_forward_length")),
-        vocab=int(header.tensors["token_embd.weight"].shape[0]),
-        rope_theta=float(header.get(f"{arch}.rope.freq_base", 10000.0)),
-        norm_eps=float(header.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_context=int(header.get(f"{arch}.context_length", 2048)),
-        head_size=head_dim if head_dim != dim // heads else 0,
-        rope_scale=_rope_scale(header, arch),
-    )
-
-
-def _rope_scale(header: GgufHeader, arch: str) -> float:
-    """Linear rotary scaling's factor (1 without scaling); any other kind is not covered."""
-    kind = header.get(f"{arch}.rope.scaling.type")
-    if kind in (None, "none"):
-        return 1.0
-    if kind != "linear":
-        raise UnsupportedModel(f"rotary scaling {kind!r}")
-    return float(header.get(f"{arch}.rope.scaling.factor", 1.0))
-
-
-def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor], bool]:
-    """The model's shape, where each tensor lies, and whether q and k rows are in rotate-half order."""
-    header = read_header(path)
-    return gguf_shape(header), header.tensors, LLAMA_ARCHITECTURES[header.get("general.architecture")]
-
-
-class GgufWeights:
-    """A GGUF file's tensors, memory-mapped, as the lean forward's parts: products on the
-    native kernels over the file's own blocks where they multiply every part (else torch's, over
-    the blocks' 4-bit terms), norms, biases. Rows of q and k (and their biases and norms) kept in
-    rotate-half order (``halves``) are permuted into adjacent pairs."""
-
-    def __init__(self, path: str, dense: bool, kernels: bool = True) -> None:
-        """``dense``: weights as fp32 values; ``kernels``: False keeps the native kernels unloaded
-        (the weights go to another device)."""
-        self.shape, self.index, self.halves = gguf_index(path)
-        with open(path, "rb") as file:
-            self.mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.data = np.frombuffer(self.mapping, dtype=np.uint8)
-        self.dense = dense
-        native = kernels and not dense
-        self.native = kernels_for_files() if native else None
-        self.pairs, self.pairs_in_head = _pair_orders(self.shape), _rope_order(self.shape.head_dim, 1)
-        self.torch_linear = _torch_linear(self.weight)
-
-    def raw(self, name: str) -> tuple[GgufTensor, np.ndarray]:
-        t = self.index[name]
-        return t, self.data[t.offset : t.offset + t.nbytes]
-
-    def weight(self, kind: str, i: int) -> QuantTensor:
-        """Layer i's weight ``kind`` as 4-bit terms (dense fp32 values with ``dense``)."""
-        t, raw_bytes = self.raw(f"blk.{i}.{GGUF_NAMES[kind]}.weight")
-        loaded = decode_tensor(raw_bytes, t.kind, (t.shape[0], t.shape[-1]))
-        if self.dense:
-            loaded = QuantTensor(loaded.shape, loaded.kind, values=loaded.dense())
-        return permute_rows(loaded, self.pairs[kind]) if self.halves and kind in self.pairs else loaded
-
-    def blocks(self, name: str) -> Weight:
-        """A weight's rows in the file's own blocks (mapped, not copied)."""
-        t, raw_bytes = self.raw(name)
-        return Weight(int(t.kind), raw_bytes.reshape(t.shape[0], -1), t.shape[-1])
-
-    def product_weight(self, name: str) -> Weight:
-        """A weight for the native products: packed where the kernels pack its type (``Kernels.pack``),
-        its file pages then let go of (the packed copy is what the products read; a row looked
-        up in the blocks later maps its page again)."""
-        weight = self.blocks(name)
-        assert self.native is not None
-        packed = self.native.pack(weight)
-        if packed is not weight:
-            self.release(name)
-        return packed
-
-    def release(self, name: str) -> None:
-        """Let go of a tensor's file pages (read again from the page cache where used again)."""
-        t = self.index[name]
-        first = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
-        self.mapping.madvise(mmap.MADV_DONTNEED, first, t.offset + t.nbytes - first)
-
-    def linear(self, kinds: tuple[str, ...], i: int) -> torch.nn.Module:
-        names = [f"blk.{i}.{GGUF_NAMES[kind]}.weight" for kind in kinds]
-        native = self.native
-        if native is None or not all(native.supports(self.index[name].kind) for name in names):
-            return self.torch_linear(kinds, i)
-        weights = [self.product_weight(name) for name in names]
-        return NativeLinear(native, weights, self._column_order(kinds, [w.out_features for w in weights]))
-
-    def _column_order(self, kinds: tuple[str, ...], rows: list[int]) -> torch.Tensor | None:
-        """The order taking the side-by-side outputs of ``kinds`` (``rows`` each) from rotate-half
-        to adjacent pairs; None where they are in order already."""
-        if not self.halves or not any(kind in self.pairs for kind in kinds):
-            return None
-        firsts = np.cumsum([0, *rows[:-1]])
-        orders = [
-            first + (self.pairs[kind] if kind in self.pairs else np.arange(count))
-            for kind, count, first in zip(kinds, rows, firsts, strict=True)
-        ]
-        return torch.from_numpy(np.concatenate(orders))
-
-    def values(self, name: str) -> torch.Tensor:
-        t, raw_values = self.raw(name)
-        return torch.from_numpy(quants.dequantize(raw_values, t.kind).astype(np.float32).reshape(-1))
-
-    def vector(self, kind: str, i: int | None) -> torch.Tensor:
-        return self.values("output_norm.weight" if i is None else f"blk.{i}.{GGUF_NAMES[kind]}.weight")
-
-    def optional(self, kind: str, i: int) -> torch.Tensor | None:
-        name = f"blk.{i}.{GGUF_OPTIONAL[kind]}"
-        if name not in self.index:
-            return None
-        found, target = self.values(name), kind[0]
-        if self.halves and kind.endswith("_norm"):
-            return found[self.pairs_in_head]
-        return found[self.pairs[target]] if self.halves and target in self.pairs else found
-
-
-def from_gguf(path: str, dense: bool = False) -> LlamaForward:
-    """The model in a GGUF file, its quantized blocks kept as they are where a kernel takes them;
-    ``dense``: every weight dequantized to fp32 instead (exact), for ``decoding/forward/graphed.py``."""
-    file = GgufWeights(path, dense)
-    # The output layer: certified exact greedy choices (``CertifiedOutputLayer``) on the native kernels
-    # or the 4-bit kernel where its type allows, else dense fp32 (exact for every type). Tied
-    # embeddings are looked up in the same table.
-    tied = "output.weight" not in file.index
-    head = _output_layer(file.native, file.blocks("token_embd.weight" if tied else "output.weight"), dense)
-    if not tied and isinstance(head, NativeOutputLayer) and head.weight.packed is not None:
-        file.release("output.weight")  # the products read the packed rows, candidates a few of the file's
-    if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
-        table = file.blocks("token_embd.weight")
-        embed: Embedding = BlockEmbedding(table.blocks, file.index["token_embd.weight"].kind, table.width)
-        if file.native is not None and file.native.supports(table.kind):
-            embed = functools.partial(file.native.rows, table.kind, table.blocks, width=table.width)
-    else:
-        embed = head.rows if isinstance(head, CertifiedOutputLayer) else DenseEmbedding(head.weight)
-    forward = _assemble(file.shape, file.linear, file.vector, embed, head, file.optional, file.native)
-    forward.formats = "+".join(sorted({t.kind.name for t in file.index.values()}))
-    return forward
-
-
-def _output_layer(native: Kernels | None, weight: Weight, dense: bool) -> torch.nn.Module:
-    """The output layer for ``weight``: on the native kernels where its bound can be told, else
-    on the 4-bit kernel where the type has 4-bit terms, else dense fp32."""
-    if native is not None and NativeOutputLayer.fits(native, weight):
-        return NativeOutputLayer(native, weight)
-    tensor = decode_tensor(
-        weight.blocks, GGMLQuantizationType(weight.kind), (weight.out_features, weight.width)
-    )
-    if not dense and tensor.terms is not None and tensor.shape[0] % INT4_N_MULTIPLE == 0:
-        return QuantizedOutputLayer(tensor)
-    return DenseOutputLayer(torch.from_numpy(tensor.dense()))
-
-
-TRANSFORMERS_TYPES = ("llama", "qwen2", "qwen3")  # model types with the lean forward's layout
-
-
-def transformers_shape(config: Any) -> LlamaShape:
-    """The lean forward's shape for a transformers config; ``UnsupportedModel`` where it does
-    not cover the model (another layout, sliding windows, rotary scaling other than linear)."""
-    model_type = getattr(config, "model_type", "")
-    rope = getattr(config, "rope_parameters", None) or {"rope_theta": getattr(config, "rope_theta", 10000.0)}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if model_type not in TRANSFORMERS_TYPES or rope_type not in ("default", "linear"):
-        raise UnsupportedModel(f"model type {model_type!r} with rope {rope}")
-    if getattr(config, "mlp_bias", False) or getattr(config, "use_sliding_window", False):
-        raise UnsupportedModel("biases in the feed-forward or sliding-window attention")
-    if model_type == "llama" and getattr(config, "attention_bias", False):
-        raise UnsupportedModel("an output projection bias")
-    dim, heads = config.hidden_size, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or dim // heads
-    return LlamaShape(
-        layers=config.num_hidden_layers,
-        dim=dim,
-        heads=heads,
-        kv_heads=config.num_key_value_heads,
-        ffn=config.intermediate_size,
-        vocab=config.vocab_size,
-        rope_theta=float(rope["rope_theta"]),
-        norm_eps=config.rms_norm_eps,
-        max_context=config.max_position_embeddings,
-        head_size=head_dim if head_dim != dim // heads else 0,
-        rope_scale=float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
-    )
-
-
-TRANSFORMERS_NAMES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "q_norm": "self_attn.q_norm",
-    "k_norm": "self_attn.k_norm",
-}
-
-
-def from_transformers(model: torch.nn.Module, bits: int) -> LlamaForward:
-    """A transformers Llama, Qwen2 or Qwen3, its linear layers quantized at load (``bits`` 4 or
-    8; 0 keeps them dense fp32, which the tests use to check this forward against
-    transformers'). Its q and k rows (rotate-half pairs) are permuted into adjacent pairs."""
-    shape = transformers_shape(model.config)
-    blocks = model.model.layers
-    pairs, head_norms = _pair_orders(shape), model.config.model_type == "qwen3"
-
-    def weight(kind: str, i: int) -> QuantTensor:
-        w = blocks[i].get_submodule(TRANSFORMERS_NAMES[kind]).weight.detach().float().numpy()
-        if kind in pairs:
-            w = w[pairs[kind]]
-        if not bits or w.shape[1] % 32:
-            return QuantTensor(w.shape, "F32", values=np.ascontiguousarray(w))
-        return quantize_dense(w, bits)
-
-    def vector(kind: str, i: int | None) -> torch.Tensor:
-        module = model.model.norm if i is None else blocks[i].get_submodule(TRANSFORMERS_NAMES[kind])
-        return module.weight.detach().float().clone()
-
-    def optional(kind: str, i: int) -> torch.Tensor | None:
-        layer = blocks[i]
-        if kind.endswith("_norm"):
-            if not head_norms:
-                return None
-            weights = layer.get_submodule(TRANSFORMERS_NAMES[kind]).weight.detach().float()
-            return weights[_rope_order(shape.head_dim, 1)].clone()
-        bias = layer.get_submodule(TRANSFORMERS_NAMES[kind[0]]).bias
-        if bias is None:
-            return None
-        values = bias.detach().float()
-        return values[pairs[kind[0]]].clone() if kind[0] in pairs else values.clone()
-
-    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    head_weight = model.lm_head.weight.detach().float()
-    table = model.model.embed_tokens.weight.detach().float().clone()
-    if bits and head_weight.shape[0] % INT4_N_MULTIPLE == 0 and head_weight.shape[1] % 32 == 0:
-        # As GGUF files keep it: the output layer in 8 bits (Q8_0), whatever the rest.
-        head: torch.nn.Module = QuantizedOutputLayer(quantize_dense(head_weight.numpy(), 8))
-        embed: Embedding = head.rows if tied else DenseEmbedding(table)
-    else:
-        head = DenseOutputLayer(head_weight)
-        embed = DenseEmbedding(head.weight if tied else table)
-    forward = _assemble(shape, _torch_linear(weight), vector, embed, head, optional, kernels())
-    forward.formats = f"int{bits}" if bits else "F32"
-    return forward
-
-
-__all__ = ["KVCache", "LlamaForward", "LlamaShape", "UnsupportedModel", "from_gguf", "from_transformers"]

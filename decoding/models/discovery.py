@@ -19,8 +19,9 @@ Spec forms resolved here (``resolve_model_spec``; an existing path always wins o
 Nothing here downloads anything or loads weights: directories, JSON manifests and GGUF headers
 (``decoding/forward/gguf_header.py``, which steps over the tokenizer's arrays) are all that is
 read. ``gguf_facts`` is the one place that decides whether a file runs on the fast path: it asks
-the lean forward's own shape check (``decoding.forward.llama.gguf_shape``), so the answer follows
-that forward's coverage as it grows.
+the lean forward's own shape check (``decoding.forward.shapes.gguf_shape``, which reads the
+architecture table ``decoding/forward/architectures.py``), so the answer follows that forward's
+coverage as it grows.
 """
 
 from __future__ import annotations
@@ -537,12 +538,12 @@ def _choices(names: Iterable[str]) -> str:
 
 def gguf_facts(path: Path) -> GgufFacts:
     """A GGUF file's architecture and quantization types, and whether the lean forward takes it:
-    the answer of ``decoding.forward.llama.gguf_shape`` (what ``from_gguf`` asks before loading, so a
+    the answer of ``decoding.forward.shapes.gguf_shape`` (what ``from_gguf`` asks before loading, so a
     ``no`` here is a load that falls back to transformers' forward). Reads the header only."""
     from gguf import LlamaFileType
 
     from decoding.forward.gguf_header import read_header
-    from decoding.forward.llama import UnsupportedModel, gguf_shape
+    from decoding.forward.shapes import UnsupportedModel, gguf_shape
 
     try:
         header = read_header(path)

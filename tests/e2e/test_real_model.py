@@ -170,7 +170,7 @@ def torch_kernels_model():
     native kernels are not built."""
     import os
 
-    from decoding.forward.native import kernels
+    from decoding.forward.native.serving import kernels
 
     saved = os.environ.get("LSP_NATIVE")
     os.environ["LSP_NATIVE"] = "0"

@@ -16,7 +16,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from decoding.forward.llama import _rope_order
+from decoding.forward.assembly import rope_order as _rope_order
 
 VOCAB = 96
 

@@ -16,7 +16,8 @@ from typing import Protocol
 
 import torch
 
-from decoding.forward.native import Kernels, NativeLinear
+from decoding.forward.native.library import Kernels
+from decoding.forward.native.linear import NativeLinear
 
 
 class ModelShape(Protocol):

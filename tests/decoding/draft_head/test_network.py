@@ -7,7 +7,7 @@ import copy
 import torch
 
 from decoding.draft_head.network import HeadCache, HeadConfig, Rotary
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from tests.support.draft_heads import tiny_head
 from tests.support.tiny_models import tiny_model
 

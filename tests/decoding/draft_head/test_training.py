@@ -12,7 +12,7 @@ import torch
 from decoding.draft_head.network import HeadCache, load_head
 from decoding.draft_head.training import TEMPERATURES, chain_outputs, held_out
 from decoding.drafters import load_head_drafter
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from tests.support.draft_heads import tiny_head
 from tests.support.tiny_models import tiny_model
 

@@ -18,7 +18,7 @@ from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
 from decoding.drafters.head import HeadDrafter
 from decoding.drafters.length import AcceptanceStats
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from decoding.kv_cache import PrefixCache
 from decoding.verify import SamplingParams
 from tests.support.draft_heads import own_sequences, tiny_head, trained_tiny_head

@@ -21,7 +21,9 @@ from transformers import (
 from decoding.drafters import make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward import llama
-from decoding.forward.llama import UnsupportedModel, from_gguf, from_transformers
+from decoding.forward.gguf_loader import from_gguf
+from decoding.forward.shapes import UnsupportedModel
+from decoding.forward.transformers_loader import from_transformers
 from tests.support.lean_forward import lean_loaded, plain_greedy_pass
 from tests.support.tiny_architectures import COMMON, VOCAB, tiny, write_gguf
 

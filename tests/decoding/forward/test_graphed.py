@@ -16,7 +16,7 @@ from decoding.drafters import load_head_drafter, make_drafter
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedCache, GraphedForward, from_gguf_on_device
 from decoding.forward.graphed_weights import DenseProduct, Int4Product, device_product, int4_kernel_works
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from decoding.models.loading import LoadedModel
 from tests.support.draft_heads import trained_tiny_head
 from tests.support.greedy_cases import (
@@ -201,7 +201,7 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
 def dense_default():
     """The default GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), on the
     CPU in fp32."""
-    from decoding.forward.llama import from_gguf
+    from decoding.forward.gguf_loader import from_gguf
     from decoding.models.loading import default_gguf_path
 
     return GraphedForward.from_lean(
@@ -230,7 +230,7 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     real code (on torch's kernel, as here, they differ only by its bf16 activations; llama.cpp's
     kernels, which serve the file where built, quantize them to 8 bits): the weights' layout,
     rotary order and tied table are right."""
-    from decoding.forward.llama import from_gguf
+    from decoding.forward.gguf_loader import from_gguf
     from decoding.models.loading import default_gguf_path
     from tests.support.stdlib_prompts import stdlib_prompts
 
@@ -297,7 +297,7 @@ def test_a_draft_forwards_one_row_step_computes_the_full_width_pass(device, dtyp
 @pytest.fixture(scope="module")
 def default_blocks():
     """The default GGUF's blocks as ``decoding/forward/graphed_weights.py`` takes them."""
-    from decoding.forward.llama import GgufWeights
+    from decoding.forward.gguf_loader import GgufWeights
     from decoding.models.loading import default_gguf_path
 
     return GgufWeights(str(default_gguf_path()), dense=False, kernels=False)

@@ -13,13 +13,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.llama import (
-    MAX_ATTENTION_ROWS,
-    KVCache,
-    LlamaForward,
-    attention_row_floor,
-    from_transformers,
-)
+from decoding.forward.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor
 from decoding.forward.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
 from decoding.forward.quant.layers import (
     DenseLinear,
@@ -30,6 +24,7 @@ from decoding.forward.quant.layers import (
     quantize_linears,
     ranked_terms,
 )
+from decoding.forward.transformers_loader import from_transformers
 from tests.support.greedy_cases import (
     assert_speculative_greedy_is_plain_greedy,
     perturbed_copy,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from decoding.forward.cpu_matmul import SmallBatchLinear
-from decoding.forward.llama import from_transformers
+from decoding.forward.transformers_loader import from_transformers
 from decoding.models import discovery
 from decoding.models.loading import (
     ModelLoadError,
@@ -113,7 +113,7 @@ def test_a_pass_over_many_rows_gives_its_activations_back_to_the_os(monkeypatch)
     activations would stay resident otherwise: ``decoding/memory.py``), not after shorter ones;
     trimming works where glibc is (a no-op elsewhere) and changes no result."""
     import decoding.forward.llama as llama
-    from decoding.forward.llama import from_transformers
+    from decoding.forward.transformers_loader import from_transformers
     from decoding.memory import TRIM_ROWS, trim_heap
 
     trimmed = []

@@ -17,10 +17,11 @@ from transformers import AutoTokenizer
 
 from decoding.kv_cache import common_prefix_length
 from lsp_server.context import fim
-from lsp_server.context.builder import ContextBuilder, ContextRequest, split_rows
+from lsp_server.context.builder import ContextBuilder, ContextRequest
 from lsp_server.context.languages import detect, grammar
 from lsp_server.context.snippets import OpenDocument, SnippetIndex
 from lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
+from lsp_server.context.text import split_rows
 from lsp_server.context.tokens import Tokens
 from tests.support.completion_items import item_for
 from tests.support.golden_cases import CASES, Golden

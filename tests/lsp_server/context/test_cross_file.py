@@ -12,7 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from lsp_server.context import definitions
-from lsp_server.context.builder import DEFINITION_SHARE, ContextBuilder, ContextRequest
+from lsp_server.context.builder import ContextBuilder, ContextRequest
+from lsp_server.context.cross_file import DEFINITION_SHARE
 from lsp_server.context.edits import EditRing
 from lsp_server.context.snippets import OpenDocument
 from lsp_server.context.symbols import SymbolTable, extract

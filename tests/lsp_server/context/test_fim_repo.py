@@ -19,15 +19,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from lsp_server.context import fim
-from lsp_server.context.builder import (
-    DEFINITION_SHARE,
-    EDIT_SHARE,
-    REPO_SHARE,
-    SNIPPET_SHARE,
-    ContextBuilder,
-    ContextRequest,
-    Prompt,
-)
+from lsp_server.context.builder import ContextBuilder, ContextRequest, Prompt
+from lsp_server.context.cross_file import DEFINITION_SHARE, EDIT_SHARE, REPO_SHARE, SNIPPET_SHARE
 from lsp_server.context.languages import SPECS
 from lsp_server.context.repo import FALLBACK_NAME, git_root, repository_for
 from lsp_server.context.snippets import OpenDocument, Snippet, file_body
