@@ -41,7 +41,7 @@ CONFIG_NAME = "config.json"
 # execution plan the first time it meets each shape. A drafting head attends over one more entry
 # every step, so nearly every step met a new shape: on an H200 a pass with the head took many
 # times longer on prompts it had not seen than on the same prompts a second time
-# (``benchmarks/README.md``, the GPU section). Its attention is
+# (``CHANGELOG.md``, 2026-11-26, the GPU runs). Its attention is
 # tiny (a few rows over at most 512 entries): the other kernels serve it without plans. (Read
 # from torch's ``sdp_utils.cpp`` and those timings; not yet measured with this change on a GPU.)
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

@@ -120,6 +120,12 @@ def timeout_for(remaining_s: float | None) -> httpx.Timeout:
     return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
 
 
+def without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` dropped: a refusal's message is logged, secrets never."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
+
+
 def same_origin_redirect(config: EndpointConfig, response: httpx.Response) -> str:
     """The URL to follow, or a TransportError saying why a redirect is refused."""
     location = response.headers.get("location", "")
@@ -127,7 +133,8 @@ def same_origin_redirect(config: EndpointConfig, response: httpx.Response) -> st
     try:
         url = parse_base_url(target.split("?", 1)[0])
     except ValueError:
-        raise TransportError(f"refused a redirect to an invalid URL {location[:100]!r}") from None
+        shown = without_credentials(location)[:100]
+        raise TransportError(f"refused a redirect to an invalid URL {shown!r}") from None
     if url.origin != config.url.origin:
         shown = f"{urlsplit(target).scheme}://{urlsplit(target).netloc.rpartition('@')[2]}"
         raise TransportError(f"refused a redirect to another host ({shown})")

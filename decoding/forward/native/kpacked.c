@@ -17,7 +17,7 @@
 // computes whole groups). This file is compiled without contraction (-ffp-contract=off), so only
 // these written fused operations fuse, alike in every kernel.
 // The order differs from ggml's vec_dot (which sums eight lanes of partial products), so outputs
-// are no longer bit for bit vec_dot's: tests/test_native.py compares them with the exact product
+// are no longer bit for bit vec_dot's: tests/decoding/forward/test_native.py compares them with the exact product
 // of the file's weights and the quantized activations (within the bound below) and each row of a
 // pass with the same row alone.
 // Rounding: each product d * dx, each conversion of an integer above 2^24 and each fused add

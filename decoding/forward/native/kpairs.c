@@ -9,7 +9,7 @@
 // that lane of ggml's AVX2 vec_dot runs (krows.c's copy of it): the same integer lanes, the same
 // fused multiply-adds into the same accumulators, the same final sums. So each output is bit for
 // bit what vec_dot gives it alone, whatever the rows of the pass, and lsqmm.c can use these for a
-// single row as well (tests/test_native.py compares them with ggml's vec_dot).
+// single row as well (tests/decoding/forward/test_native.py compares them with ggml's vec_dot).
 // What bounds a pass of many rows is the count of 512-bit operations (two ports take them), so the
 // work shared by the rows (a block's unpacking, its scales) is done once for eight rows, the
 // activations' per-block sums once a pass (lsqmm.c's block_scales), and the K-quants' scaled

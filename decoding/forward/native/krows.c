@@ -9,7 +9,7 @@
 // operations of ggml's AVX2 vec_dot (the x86 build's path for these types, AVX-512 included): the
 // same integer lanes (exact), the same fused multiply-adds into the same accumulators, the same
 // final sums. So a row's output is bit for bit the one vec_dot gives it alone
-// (tests/test_native.py compares every row count with vec_dot's single rows), and lsqmm.c runs
+// (tests/decoding/forward/test_native.py compares every row count with vec_dot's single rows), and lsqmm.c runs
 // one-row passes here too: unlike vec_dot, these kernels ask for the weights ahead (lsq_ahead),
 // for the first rows of a pass only. The activations' block scales come converted to floats once
 // a pass (lsqmm.c's block_scales) rather than once a weight row: half to float is exact, so the

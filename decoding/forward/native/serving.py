@@ -5,7 +5,7 @@ Q4_0/Q4_1/Q8_0 blocks (the default's, 576 wide) once stayed on torch's batched 4
 AVX-512 CPU, whose passes over several rows beat these products there. Since its greedy choices
 are certified (issue 38), each of its passes makes a second product of the output layer's size
 (Q8_0's second 4-bit term), and the keystroke replay on an AVX-512 Xeon answered pauses sooner
-on these kernels at p50 and p95 (``benchmarks/README.md``, 2026-12-05); a cold prefill of a long
+on these kernels at p50 and p95 (``CHANGELOG.md``, 2026-12-05); a cold prefill of a long
 prompt in one pass is what torch's kernel still does faster. ``LSP_NATIVE=1`` or ``0`` forces either;
 ``LSP_NATIVE_VARIANT=avx2`` loads the AVX2 build; ``LSP_NATIVE_PACK=0`` keeps every weight on the
 file's blocks (``kpacked.c`` packs none: what ``benchmarks/models_bench.py`` compares). Loaded once
