@@ -48,9 +48,9 @@ class Server:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 outer.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                outer.peers.add(self.client_address)
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     outer.handler(self, body)
-                outer.peers.add(self.client_address)
                 self.close_connection = not outer.keep_alive
 
             def log_message(self, *args: object) -> None:

@@ -33,3 +33,32 @@ def syntax_outline(language: str, source: str) -> Outlined:
     tree = tree_sitter.Parser(grammar(language)).parse(to_bytes(source.replace(CURSOR, placeholder)))
     outliner = SyntaxOutline(tree, split_rows(source.replace(CURSOR, "")), language)
     return Outlined(outliner.outline(row, len(to_bytes(indent))), outliner.lines, row)
+
+
+# A Python file with the cursor at ``|``: imports, a try around one, a commented function and a
+# class whose last method is being written; the outline and budget tests count its words.
+PYTHON = '''import os
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+X = 1
+
+
+# Adds one.
+def helper(a):
+    return a + 1
+
+
+# The shape of things.
+class Shape:
+    """A shape."""
+
+    def area(self):
+        return 0
+
+    def grow(self, k):
+        total = k
+        |
+'''

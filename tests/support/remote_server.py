@@ -1,8 +1,8 @@
 """Small HTTP servers on loopback for the remote engine's tests: faults a real engine can't be
 made to show on demand.
 
-- ``HttpServer``: a threading HTTP/1.1 server whose POST answers come from ``handler``; it records
-  every request, optionally speaks TLS.
+- ``HttpServer``: the fake llama-server's threading HTTP/1.1 server (it records every request,
+  optionally speaks TLS) with a plain ``{}`` answer until a test sets ``handler``.
 - ``RawServer``: a TCP server that hands each connection to ``on_connection``, for answers no HTTP
   server would send (garbage, a body cut short, a kept-alive connection dropped mid-request).
 """
@@ -11,27 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import json
 import socket
 import ssl
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-Handler = Callable[[http.server.BaseHTTPRequestHandler, dict], None]
-
-
-def sse(handler: http.server.BaseHTTPRequestHandler, events: list[str], pause_s: float = 0.0) -> None:
-    """A 200 event stream of ``events``, one ``data:`` line each."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream")
-    handler.end_headers()
-    for event in events:
-        handler.wfile.write(f"data: {event}\n\n".encode())
-        handler.wfile.flush()
-        time.sleep(pause_s)
+from tests.support.fake_llama_server import Server
 
 
 def answer(
@@ -46,46 +33,13 @@ def answer(
     handler.wfile.write(body)
 
 
-class HttpServer:
-    """A ThreadingHTTPServer whose POST answers come from ``self.handler``; records each request."""
+class HttpServer(Server):
+    """The fake llama-server's HTTP server (``fake_llama_server.Server``), answering ``{}`` until a
+    test sets its ``handler``."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        outer = self
-        self.handler: Handler = lambda h, body: answer(h, 200, b"{}")
-        self.seen: list[dict] = []
-        self.peers: set[tuple] = set()  # client (host, port)s: one per connection
-        self.keep_alive = False  # a stream without a length must close its connection
-        self.release = threading.Event()  # ends stalls at teardown
-
-        class Handle(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length", 0))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                outer.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                outer.peers.add(self.client_address)
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    outer.handler(self, body)
-                self.close_connection = not outer.keep_alive
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handle)
-        self.httpd.daemon_threads = True
-        if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def url(self, scheme: str = "http", host: str = "127.0.0.1") -> str:
-        return f"{scheme}://{host}:{self.port}"
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(tls)
+        self.handler = lambda h, body: answer(h, 200, b"{}")
 
 
 class RawServer:

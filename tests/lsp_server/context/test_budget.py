@@ -15,7 +15,7 @@ from lsp_server.context.budget import (
     select_rows,
 )
 from lsp_server.context.outline import Outline, Unit, text_outline
-from tests.support.outlines import syntax_outline
+from tests.support.outlines import PYTHON, syntax_outline
 
 
 def words(text: str) -> int:
@@ -127,31 +127,6 @@ def test_a_smaller_import_after_one_too_big_still_fits():
 
 # -- syntax outlines -------------------------------------------------------------------------------
 
-PYTHON = '''import os
-try:
-    import numpy as np
-except ImportError:
-    np = None
-
-X = 1
-
-
-# Adds one.
-def helper(a):
-    return a + 1
-
-
-# The shape of things.
-class Shape:
-    """A shape."""
-
-    def area(self):
-        return 0
-
-    def grow(self, k):
-        total = k
-        |
-'''
 # Words: headers "class Shape:" 2 + "def grow(self, k):" 3; "import os" 2, the try 10,
 # "X = 1" 3, helper with its comment 9, the class's comment 5, docstring 2, area 4, total 3.
 

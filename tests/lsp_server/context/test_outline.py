@@ -16,33 +16,7 @@ from lsp_server.context.outline import (
     text_outline,
 )
 from lsp_server.context.syntax import to_bytes
-from tests.support.outlines import syntax_outline
-
-PYTHON = '''import os
-try:
-    import numpy as np
-except ImportError:
-    np = None
-
-X = 1
-
-
-# Adds one.
-def helper(a):
-    return a + 1
-
-
-# The shape of things.
-class Shape:
-    """A shape."""
-
-    def area(self):
-        return 0
-
-    def grow(self, k):
-        total = k
-        |
-'''
+from tests.support.outlines import PYTHON, syntax_outline
 
 
 def spans(units: list[Unit]) -> list[tuple[int, int]]:

@@ -20,13 +20,13 @@ import pytest
 from lsp_server.endpoint import EndpointConfig
 from lsp_server.remote import transport
 from lsp_server.remote.transport import LoopThread, TransportError
+from tests.support.fake_llama_server import sse
 from tests.support.remote_server import (
     HttpServer,
     RawServer,
     answer,
     read_request,
     self_signed_certificate,
-    sse,
 )
 
 BODY = {"prompt": "def f(", "n_predict": 8}
