@@ -276,10 +276,10 @@ class Scheduler:
 
     def _run_job(self, ticket: Ticket, job: Job) -> Outcome:
         """Run ``job`` (worker thread, in its submitter's context); a job that raises fails."""
-        stop = ticket.should_stop
-        if not ticket.background and self._wrap_request_stop is not None:
-            stop = self._wrap_request_stop(stop)
         try:
+            stop = ticket.should_stop
+            if not ticket.background and self._wrap_request_stop is not None:
+                stop = self._wrap_request_stop(stop)
             value = job(stop)
         except Exception as exc:
             log.exception("job for %s failed", ticket.key)
