@@ -35,7 +35,7 @@ def texts_up_to(limit_bytes: int) -> list[str]:
 
 
 def measure(mb: float, encode, lookups: int) -> dict[str, float]:
-    from decoding.corpus_index import CorpusIndex
+    from speculative_complete.decoding.corpus_index import CorpusIndex
 
     texts = texts_up_to(int(mb * (1 << 20)))
     started = time.perf_counter()
@@ -65,7 +65,7 @@ def measure(mb: float, encode, lookups: int) -> dict[str, float]:
 
 
 def dict_index_bytes_per_token(encode) -> float:
-    from decoding.drafters.ngram import TokenIndex
+    from speculative_complete.decoding.drafters.ngram import TokenIndex
 
     tokens = [t for text in texts_up_to(1 << 20) for t in encode(text)][:200_000]
     tracemalloc.start()
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.models.loading import load_model
 
     tokenizer = load_model("default", device="cpu", dtype="float32").tokenizer
 

@@ -25,9 +25,10 @@ Why this shape:
   near zero or even negative (within the prefill's noise): ratios are of medians, and the
   per-prompt geometric means floor each decode time at ``DECODE_FLOOR_MS``.
 * The engine prefills the prompt in one pass here, as ``generate`` does, so every method's
-  prefill is the same work. (The server prefills in passes sized to take ``decoding.engine.pacing``'s
-  target time, so that a keystroke can cancel between them; each extra pass streams the weights
-  once more, ~35 ms on the 2-core CPU, which would otherwise be charged to the peers' decode time.)
+  prefill is the same work. (The server prefills in passes sized to take
+  ``speculative_complete.decoding.engine.pacing``'s target time, so that a keystroke can cancel
+  between them; each extra pass streams the weights once more, ~35 ms on the 2-core CPU, which would
+  otherwise be charged to the peers' decode time.)
 * A prompt ends at the cursor, often inside a token (``self.va|lue``) or after an indentation
   the next word's token would have begun with. The server heals such a cut: it backs the prompt
   up to a token boundary and makes the output begin with the text it removed. ``--heal`` does
@@ -62,10 +63,16 @@ import numpy as np
 import torch
 import transformers
 
-from decoding import GenerationConfig, GenerationResult, LoadedModel, SpeculativeEngine, load_model
-from decoding.drafters import Drafter, load_head_drafter, make_drafter
-from decoding.engine.healing import back_up
-from decoding.models.loading import QUANTIZATIONS, check_draft_compatible
+from speculative_complete.decoding import (
+    GenerationConfig,
+    GenerationResult,
+    LoadedModel,
+    SpeculativeEngine,
+    load_model,
+)
+from speculative_complete.decoding.drafters import Drafter, load_head_drafter, make_drafter
+from speculative_complete.decoding.engine.healing import back_up
+from speculative_complete.decoding.models.loading import QUANTIZATIONS, check_draft_compatible
 
 log = logging.getLogger("benchmarks.decode_bench")
 
@@ -99,8 +106,8 @@ class Prompt:
 
 def stdlib_files() -> list[tuple[str, Path]]:
     """Every non-test ``.py`` file of the running interpreter's stdlib that the draft head was not
-    trained on (``decoding.draft_head.training.held_out``), in a stable order."""
-    from decoding.draft_head.training import held_out
+    trained on (``speculative_complete.decoding.draft_head.training.held_out``), in a stable order."""
+    from speculative_complete.decoding.draft_head.training import held_out
 
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
@@ -294,8 +301,9 @@ class Bench:
 
     def healed(self, prompt: Prompt) -> Prompt:
         """``prompt`` as the engine methods will decode it: with ``heal``, backed up to a token
-        boundary as the server does (``decoding.engine.healing.back_up``), the text it removed being
-        what every method's output must begin with (``self.config``), else as cut."""
+        boundary as the server does (``speculative_complete.decoding.engine.healing.back_up``), the
+        text it removed being what every method's output must begin with (``self.config``), else as
+        cut."""
         if not self.heal:
             return prompt
         ids = prompt.token_ids

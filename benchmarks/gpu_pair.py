@@ -38,13 +38,19 @@ from typing import Any, ClassVar
 import torch
 
 from benchmarks.replicas import SHAPES, Shape
-from decoding.drafter_interface import Draft
-from decoding.drafters.model import ModelDrafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward
-from decoding.forward.graphed_weights import DenseProduct, GraphedLayer, GraphedWeights, Int4Product, Product
-from decoding.forward.shapes import LlamaShape
-from decoding.models.loading import LoadedModel
+from speculative_complete.decoding.drafter_interface import Draft
+from speculative_complete.decoding.drafters.model import ModelDrafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedForward
+from speculative_complete.decoding.forward.graphed_weights import (
+    DenseProduct,
+    GraphedLayer,
+    GraphedWeights,
+    Int4Product,
+    Product,
+)
+from speculative_complete.decoding.forward.shapes import LlamaShape
+from speculative_complete.decoding.models.loading import LoadedModel
 
 log = logging.getLogger("gpu_pair")
 HOST_ROWS = 4096  # distinct embedding rows kept on the host (ids wrap): values do not matter here
@@ -249,9 +255,9 @@ def build(
 def default_model_steps(device: torch.device, rounds: int, sync: Any) -> dict[str, dict[str, float]]:
     """The embedded default model as the server loads it on this device (its Q4_1 blocks on the
     4-bit kernel) against all of it dense in bf16 (the forward before 4-bit weights on CUDA)."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.graphed import from_gguf_on_device
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.graphed import from_gguf_on_device
+    from speculative_complete.decoding.models.loading import default_gguf_path
 
     path = str(default_gguf_path())
     blocks = from_gguf_on_device(path, device, torch.bfloat16)

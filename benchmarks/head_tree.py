@@ -6,7 +6,7 @@ before agreed). A tree of m nodes may instead verify the head's 2nd or 3rd choic
 position beside its first (EAGLE-2's dynamic tree picks the m nodes most likely to be kept). At
 most one path is accepted, so the tokens a pass is expected to keep are the sum, over the nodes
 sent, of the chance that the node is on it. This measures on held-out standard-library files
-(``decoding.draft_head.training``'s split and feature cache):
+(``speculative_complete.decoding.draft_head.training``'s split and feature cache):
 
 - the share of positions where the head's 1st, 2nd and 3rd choice at the first position is the
   target's greedy token;
@@ -34,9 +34,15 @@ from pathlib import Path
 
 import torch
 
-from decoding.draft_head.features import shard_batches
-from decoding.draft_head.network import expected_tokens_per_pass, load_head, shipped_head
-from decoding.draft_head.training import Target, agreement, chain_outputs, features, stdlib_root
+from speculative_complete.decoding.draft_head.features import shard_batches
+from speculative_complete.decoding.draft_head.network import expected_tokens_per_pass, load_head, shipped_head
+from speculative_complete.decoding.draft_head.training import (
+    Target,
+    agreement,
+    chain_outputs,
+    features,
+    stdlib_root,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "head_tree.json"
 

@@ -9,10 +9,10 @@ of the hole's indentation with the rest of the file below it. Each system fills 
 filled file runs with the problem's tests (``prompt + body + test + check(entry_point)``) in a
 subprocess of its own, in a temporary folder, with a timeout, no network and a memory cap.
 
-**Ours** runs as an editor runs it: ``python -m lsp_server --stdio --model GGUF`` with the
-shipped settings (``--options`` sends JSON settings as ``initializationOptions``), the model
-loaded before the first problem, every problem a new document (``didOpen``, closed after), one
-automatic ``textDocument/inlineCompletion`` at the cursor; the suggestion's first line is used.
+**Ours** runs as an editor runs it: ``python -m speculative_complete.lsp_server --stdio --model
+GGUF`` with the shipped settings (``--options`` sends JSON settings as ``initializationOptions``),
+the model loaded before the first problem, every problem a new document (``didOpen``, closed after),
+one automatic ``textDocument/inlineCompletion`` at the cursor; the suggestion's first line is used.
 The local engine always finishes a prompt's prefill and its first line, so the one answer is the
 one used; its latency is the request's round trip.
 
@@ -487,7 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def max_new_tokens(options: dict[str, Any]) -> int:
     """Our ``maxNewTokens`` (the setting sent, else the default): the peer's ``n_predict``."""
-    from lsp_server.config import Settings
+    from speculative_complete.lsp_server.config import Settings
 
     return int(options.get("maxNewTokens", Settings().max_new_tokens))
 
@@ -568,7 +568,7 @@ def code_state() -> dict[str, Any]:
     """What ran: the commit, the files changed since (the checkout is shared and a run measures what
     was on disk), and whether llama.cpp's kernels were built for these sources: without them our
     server quietly runs torch's kernel, several times slower on a K-quant 1.5B."""
-    from decoding.forward.native.build import built_library
+    from speculative_complete.decoding.forward.native.build import built_library
 
     root = Path(__file__).resolve().parent.parent
     library = built_library()

@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from decoding.forward.native.build import GGML_VARIANTS, NativeBuildError, download_sdist
+from speculative_complete.decoding.forward.native.build import GGML_VARIANTS, NativeBuildError, download_sdist
 
 log = logging.getLogger("benchmarks.llama_server")
 

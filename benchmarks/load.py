@@ -61,7 +61,7 @@ OPTIONS: dict[str, Any] = {"timeBudgetMs": 5000}
 
 
 def gguf() -> Path:
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.models.loading import default_gguf_path
 
     return default_gguf_path()
 

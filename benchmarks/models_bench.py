@@ -1,15 +1,15 @@
 """Speed and memory on real GGUF files, ours against llama.cpp's server on the same file.
 
 For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
-through ``decoding/forward/native``, Q4_K and Q6_K rows packed at load; ``blocks``: the same kernels
-on the file's own blocks, ``LSP_NATIVE_PACK=0``; ``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a
-process of its own (load time, resident memory with the model warm and the freed heap given back as
-the server's worker does between requests, a decode step and verify passes over 2, 4 and 8 tokens
-after ``--context`` tokens, a prefill of ``--context`` tokens), and llama-server (2 threads, the
-same file) on the same random prompt: its load time, resident memory, prefill and decode per token
-from its own ``timings``. The file is read through once first, so that every load finds it in the
-page cache; backends and the peer take turns in an order reversed round by round; each figure is
-the median over rounds.
+through ``speculative_complete/decoding/forward/native``, Q4_K and Q6_K rows packed at load;
+``blocks``: the same kernels on the file's own blocks, ``LSP_NATIVE_PACK=0``; ``torch``: torch's
+4-bit kernel, ``LSP_NATIVE=0``), each in a process of its own (load time, resident memory with the
+model warm and the freed heap given back as the server's worker does between requests, a decode step
+and verify passes over 2, 4 and 8 tokens after ``--context`` tokens, a prefill of ``--context``
+tokens), and llama-server (2 threads, the same file) on the same random prompt: its load time,
+resident memory, prefill and decode per token from its own ``timings``. The file is read through
+once first, so that every load finds it in the page cache; backends and the peer take turns in an
+order reversed round by round; each figure is the median over rounds.
 
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
@@ -42,7 +42,7 @@ AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "L
 
 def model_path(spec: str) -> Path:
     if spec == "default":
-        from decoding.models.loading import default_gguf_path
+        from speculative_complete.decoding.models.loading import default_gguf_path
 
         return default_gguf_path()
     if ":" in spec and not Path(spec).exists():
@@ -57,9 +57,9 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
     """One backend (the environment's), in this process."""
     import torch
 
-    from decoding.memory import trim_heap
-    from decoding.models.loading import load_model
-    from lsp_server.stats import process_memory
+    from speculative_complete.decoding.memory import trim_heap
+    from speculative_complete.decoding.models.loading import load_model
+    from speculative_complete.lsp_server.stats import process_memory
 
     started = time.perf_counter()
     model = load_model(path, device="cpu", dtype="float32")
@@ -82,7 +82,8 @@ def measure_ours(path: str, context: int, steps: int) -> dict[str, Any]:
                 cache.crop(-width)
             passes["step_ms" if width == 1 else f"verify{width}_ms"] = statistics.median(times[2:])
     kernels = "native" if forward.native is not None else "torch"
-    trim_heap()  # what the server's decode worker does once no request waits (lsp_server/server.py)
+    # what the server's decode worker does once no request waits (speculative_complete/lsp_server/server.py)
+    trim_heap()
     return {
         "load_s": load_s,
         "quantization": model.quantization,
@@ -107,7 +108,7 @@ def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, An
         variant = env.get("LSP_NATIVE_VARIANT", "native")
         raise SystemExit(
             f"{path.name}: the {variant} native kernels did not load; build them first "
-            f"(python -m decoding.forward.native --build --variant {variant})"
+            f"(python -m speculative_complete.decoding.forward.native --build --variant {variant})"
         )
     return result
 
@@ -137,7 +138,7 @@ def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """llama-server on the same file: load, then one prompt of ``context`` random tokens with 32
     tokens to decode (its own timings), cache off."""
     from benchmarks.llama_server import LlamaServer, LlamaServerError, llama_server_binary
-    from decoding.forward.gguf_header import read_header
+    from speculative_complete.decoding.forward.gguf_header import read_header
 
     vocab = read_header(path).tensors["token_embd.weight"].shape[0]
 

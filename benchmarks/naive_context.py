@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lsp_server.context.builder import ContextRequest, Prompt
-from lsp_server.context.text import MAX_CHARS_PER_TOKEN, clean
+from speculative_complete.lsp_server.context.builder import ContextRequest, Prompt
+from speculative_complete.lsp_server.context.text import MAX_CHARS_PER_TOKEN, clean
 
 
 def plain_window(request: ContextRequest) -> Prompt:

@@ -10,7 +10,8 @@ dequantized to fp32 on transformers' forward, the previous default) measured in 
 Formats: ``none`` (fp32, transformers' forward), ``auto`` (the GGUF's own blocks on the lean
 forward), ``int8`` / ``int4`` (the dequantized copy quantized again at load on the lean forward).
 With ``--device cuda``: ``none`` is transformers' eager forward and ``auto`` the graphed lean
-forward (``decoding/forward/graphed.py``), both in ``--dtype``; GPU memory is reported too.
+forward (``speculative_complete/decoding/forward/graphed.py``), both in ``--dtype``; GPU memory is
+reported too.
 
     python -m benchmarks.pass_bench [--formats none,auto,int8,int4] [--rounds 3]
     python -m benchmarks.pass_bench --device cuda --dtype bfloat16 --formats none,auto
@@ -28,14 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lsp_server.stats import process_memory
+from speculative_complete.lsp_server.stats import process_memory
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pass_bench.json"
 VERIFY_WIDTHS = (2, 4, 8)
 
 
 def _load(fmt: str, device: str = "cpu", dtype: str = "float32"):
-    from decoding.models.loading import (
+    from speculative_complete.decoding.models.loading import (
         CONVERTED_FORMAT_VERSION,
         cache_root,
         default_gguf_path,

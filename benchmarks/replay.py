@@ -53,7 +53,7 @@ from pygls.lsp.client import LanguageClient
 
 from benchmarks import llama_server
 from benchmarks.decode_bench import stdlib_files, write_json
-from lsp_server.stats import process_memory
+from speculative_complete.lsp_server.stats import process_memory
 
 log = logging.getLogger("benchmarks.replay")
 
@@ -195,7 +195,7 @@ class ReplayClient:
         self.client = LanguageClient("replay", "1")
 
     async def start(self) -> None:
-        args = [sys.executable, "-m", "lsp_server", "--stdio", "--log-level", "WARNING"]
+        args = [sys.executable, "-m", "speculative_complete.lsp_server", "--stdio", "--log-level", "WARNING"]
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_file = self.log_dir / f"{self.name}.log"
@@ -864,7 +864,7 @@ def sibling_workspace(segments: Sequence[Segment], files: Sequence[tuple[str, Pa
 def llama_gguf(model: str | None) -> Path:
     """The GGUF llama-server runs: ``--model`` when it is one, else the embedded model's file."""
     if model is None:
-        from decoding.models.loading import default_gguf_path
+        from speculative_complete.decoding.models.loading import default_gguf_path
 
         return default_gguf_path()
     if model.endswith(".gguf") and Path(model).is_file():

@@ -612,7 +612,7 @@ def _sentencepiece_stand_in(folder: Path) -> Path:
 
 def tensor_types(path: Path) -> dict[str, str]:
     """Each tensor's ggml type name, as the file's header gives it."""
-    from decoding.forward.gguf_header import read_header
+    from speculative_complete.decoding.forward.gguf_header import read_header
 
     return {name: tensor.kind.name for name, tensor in read_header(path).tensors.items()}
 
@@ -629,7 +629,7 @@ def type_summary(path: Path) -> dict[str, dict[str, int]]:
 
 def metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
     """A few metadata values of a GGUF, as its header holds them."""
-    from decoding.forward.gguf_header import read_header
+    from speculative_complete.decoding.forward.gguf_header import read_header
 
     fields = read_header(path).fields
     return {key: fields[key] for key in keys if key in fields}

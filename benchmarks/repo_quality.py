@@ -60,10 +60,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.quality import Case, CaseResult, Run, Variants, common_prefix
-from lsp_server.context import definitions
-from lsp_server.context.definitions import MAX_DEFINERS
-from lsp_server.context.snippets import Snippet, identifiers
-from lsp_server.context.symbols import SymbolTable
+from speculative_complete.lsp_server.context import definitions
+from speculative_complete.lsp_server.context.definitions import MAX_DEFINERS
+from speculative_complete.lsp_server.context.snippets import Snippet, identifiers
+from speculative_complete.lsp_server.context.symbols import SymbolTable
 
 log = logging.getLogger("benchmarks.repo_quality")
 
@@ -163,7 +163,7 @@ def _indent(line: str) -> int:
 
 def new_builder(prompting: Prompting) -> Any:
     """A server's builder for ``prompting``: its chooser of definitions tweaked where it says so."""
-    from lsp_server.context.builder import ContextBuilder
+    from speculative_complete.lsp_server.context.builder import ContextBuilder
 
     builder = ContextBuilder()
     if prompting.name == ORACLE:
@@ -207,7 +207,7 @@ def project_root(name: str) -> Path:
 
 def scan(root: Path) -> tuple[dict[Path, str], SymbolTable]:
     """The project's files and symbol table, read as the server reads a workspace."""
-    from lsp_server.workspace import WorkspaceIndex, WorkspaceLimits
+    from speculative_complete.lsp_server.workspace import WorkspaceIndex, WorkspaceLimits
 
     index = WorkspaceIndex()
     index.scan([root], WorkspaceLimits(max_bytes=64 << 20))
@@ -313,7 +313,7 @@ def prompters(
 
 def request_for(case: Case, budget: int, workspace: Workspace, prompting: Prompting) -> Any:
     """The ``ContextRequest`` the server would build for ``case`` with ``prompting``'s settings."""
-    from lsp_server.context.builder import ContextRequest
+    from speculative_complete.lsp_server.context.builder import ContextRequest
 
     uri = Path(case.file).as_uri()
     return ContextRequest(
@@ -577,8 +577,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     import torch
 
-    from decoding import SpeculativeEngine, load_model
-    from decoding.kv_cache import PrefixCache
+    from speculative_complete.decoding import SpeculativeEngine, load_model
+    from speculative_complete.decoding.kv_cache import PrefixCache
 
     projects = list(DEV_PROJECTS) if args.dev else [p for p in args.projects.split(",") if p]
     prompts = promptings([x for x in args.layouts.split(",") if x], [x for x in args.tweaks.split(",") if x])
@@ -678,7 +678,7 @@ def _cost_tokens(name: str) -> Any:
     from transformers import AutoTokenizer
 
     from benchmarks.replicas import qwen25_coder_tokenizer
-    from lsp_server.context.tokens import Tokens
+    from speculative_complete.lsp_server.context.tokens import Tokens
 
     if not name.startswith("qwen2.5-coder"):
         raise SystemExit(f"--cost-model {name}: only the Qwen2.5-Coder replicas' tokenizer is known here")

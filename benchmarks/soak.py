@@ -232,7 +232,11 @@ class Soak:
 # -- the run ----------------------------------------------------------------------------------------
 def server_command(model: str | None, fail_decode: int = 0) -> list[str]:
     """The server over stdio; with ``fail_decode``, the one whose N-th decode fails (``soak_server.py``)."""
-    entry = ["benchmarks.soak_server", "--fail-decode", str(fail_decode)] if fail_decode else ["lsp_server"]
+    entry = (
+        ["benchmarks.soak_server", "--fail-decode", str(fail_decode)]
+        if fail_decode
+        else ["speculative_complete.lsp_server"]
+    )
     command = [sys.executable, "-m", *entry, "--stdio", "--log-level", "WARNING"]
     return command + ["--model", model] if model else command
 

@@ -5,7 +5,8 @@ The N-th request job the decode worker runs raises ``InjectedFault`` at its engi
 check (after the prefill), so the failure path is exercised mid-decode, with the KV cache
 borrowed; if that decode ends before a second check, the first one after it that gets that far
 fails instead. The hook is passed to the server the product builds (``wrap_request_stop``), which
-then runs exactly as ``python -m lsp_server`` does: the product reads no setting of the tests.
+then runs exactly as ``python -m speculative_complete.lsp_server`` does: the product reads no
+setting of the tests.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from lsp_server.__main__ import main as serve
-from lsp_server.config import Layered
-from lsp_server.scheduler import StopCheck
+from speculative_complete.lsp_server.__main__ import main as serve
+from speculative_complete.lsp_server.config import Layered
+from speculative_complete.lsp_server.scheduler import StopCheck
 
 if TYPE_CHECKING:
-    from lsp_server.server import CompletionServer
+    from speculative_complete.lsp_server.server import CompletionServer
 
 log = logging.getLogger(__name__)
 FAULT_NOTE = "injected into decode"  # the soak finds the fault in the server's log by these words
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     fault = DecodeFault(args.fail_decode)
 
     def faulty_server(cli: Layered) -> CompletionServer:
-        from lsp_server.server import create_server
+        from speculative_complete.lsp_server.server import create_server
 
         return create_server(cli, wrap_request_stop=fault.wrap)
 

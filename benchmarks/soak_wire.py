@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lsp_server.stats import process_memory
+from speculative_complete.lsp_server.stats import process_memory
 
 ABSENT = object()  # a request or notification sent without a "params" member
 READ_LIMIT = 1 << 24

@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def default_model():
     """What the server loads by default: the GGUF's own quantized blocks on the lean forward."""
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.models.loading import load_model
 
     return load_model("default", device="cpu", dtype="float32")
 
@@ -23,7 +23,7 @@ def default_model():
 @pytest.fixture(scope="session")
 def fp32_model():
     """The same GGUF dequantized to fp32 on transformers' forward (``quantization: none``)."""
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.models.loading import load_model
 
     return load_model("default", device="cpu", dtype="float32", quantization="none")
 
@@ -39,7 +39,7 @@ def default_tokenizer_folder(tmp_path_factory, default_model):
 def kernel_backend(request, monkeypatch):
     """Run a test on llama.cpp's kernels (``LSP_NATIVE=1``, the default where built) and on
     torch's (``LSP_NATIVE=0``, the fallback); forwards made inside the test take the backend."""
-    from decoding.forward.native.serving import kernels
+    from speculative_complete.decoding.forward.native.serving import kernels
 
     monkeypatch.setenv("LSP_NATIVE", "1" if request.param == "native" else "0")
     kernels.cache_clear()
@@ -55,7 +55,7 @@ def kernel_backend(request, monkeypatch):
 def real_target():
     """The real Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) as the server loads it."""
     from benchmarks.real_models import TARGET
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.models.loading import load_model
 
     return load_model(str(installed_real_model(TARGET)), device="cpu")
 
@@ -64,6 +64,6 @@ def real_target():
 def real_draft():
     """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M): the 1.5B's draft model, one vocabulary."""
     from benchmarks.real_models import DRAFT
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.models.loading import load_model
 
     return load_model(str(installed_real_model(DRAFT)), device="cpu", draft=True)

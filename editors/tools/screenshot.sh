@@ -27,7 +27,7 @@ vim.opt.number = true
 vim.opt.laststatus = 0
 -- A roomy time budget: this 2-core machine is shared, and the picture should show the whole line.
 require('speculative_complete').setup({
-  cmd = { '$(command -v python)', '-m', 'lsp_server' },
+  cmd = { '$(command -v python)', '-m', 'speculative_complete.lsp_server' },
   settings = { timeBudgetMs = 10000 },
 })
 LUA

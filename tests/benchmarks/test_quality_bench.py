@@ -8,8 +8,8 @@ import json
 
 from benchmarks import quality
 from benchmarks.naive_context import fit_tokens, plain_window
-from lsp_server.context.builder import ContextRequest
-from lsp_server.context.text import MAX_CHARS_PER_TOKEN
+from speculative_complete.lsp_server.context.builder import ContextRequest
+from speculative_complete.lsp_server.context.text import MAX_CHARS_PER_TOKEN
 from tests.support.lsp import tiny_model_dir
 
 PYTHON = "".join(

@@ -146,8 +146,8 @@ def test_a_qwen_gguf_tokenizes_as_llama_server_when_first_loaded_and_from_the_ca
     loads read the cache on ``tokenizers`` alone. Both tokenize as llama-server does, decomposed
     accents included: transformers' Qwen2Tokenizer class would rebuild its pipeline with an NFC
     normalizer that neither the file nor llama.cpp has (``save_plain``)."""
-    from decoding.models.loading import load_model
-    from decoding.models.tokenizer import LeanTokenizer
+    from speculative_complete.decoding.models.loading import load_model
+    from speculative_complete.decoding.models.tokenizer import LeanTokenizer
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path))
     first = load_model(str(tiny["Q8_0"])).tokenizer
@@ -211,9 +211,9 @@ def test_a_k_quant_file_goes_to_a_gpu_as_its_own_4bit_blocks(tiny: dict[str, Pat
 
     import torch
 
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.graphed import from_gguf_on_device
-    from decoding.forward.graphed_weights import DenseProduct, Int4Product
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.graphed import from_gguf_on_device
+    from speculative_complete.decoding.forward.graphed_weights import DenseProduct, Int4Product
 
     path = str(tiny["Q4_K_M"])
     graphed = from_gguf_on_device(path, torch.device("cpu"), torch.bfloat16, capacity=256)

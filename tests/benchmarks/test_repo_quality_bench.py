@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks import quality, repo_quality
-from decoding import SpeculativeEngine, load_model
-from lsp_server.context import definitions
-from lsp_server.context.builder import ContextBuilder, ContextRequest
-from lsp_server.context.tokens import Tokens
+from speculative_complete.decoding import SpeculativeEngine, load_model
+from speculative_complete.lsp_server.context import definitions
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest
+from speculative_complete.lsp_server.context.tokens import Tokens
 from tests.support.lsp import tiny_model_dir, tokenizer_source
 
 LIBRARY = (
@@ -246,7 +246,7 @@ def test_on_the_real_qwen_the_layouts_and_the_cached_log_prob(tmp_path):
     found = real_models.installed_path("qwen2.5-coder-0.5b")
     if found is None:
         pytest.skip("qwen2.5-coder-0.5b is not installed: python -m benchmarks.real_models --install")
-    from decoding.kv_cache import PrefixCache
+    from speculative_complete.decoding.kv_cache import PrefixCache
 
     engine = SpeculativeEngine(load_model(str(found), device="cpu"), prefix_cache=PrefixCache(1 << 28))
     tokens = Tokens.for_engine(engine)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lsp_server.config import Settings
+from speculative_complete.lsp_server.config import Settings
 from tests.support.nvim import Editor, pending, stale_drawings
 
 pytestmark = pytest.mark.real_model

@@ -1,9 +1,9 @@
 """Every end-of-generation token ends a generation, as llama.cpp decides them, on the real files.
 
-The rule (``decoding/models/end_of_generation.py``) is held against llama.cpp's own loader: the
-set llama-server prints for each real file must be the set computed here. Then the engine, the
-command line and the server (every FIM template, custom ones and ``none`` included) stop there
-on the real Qwen2.5-Coder files, and no special token's text reaches an answer.
+The rule (``speculative_complete/decoding/models/end_of_generation.py``) is held against llama.cpp's
+own loader: the set llama-server prints for each real file must be the set computed here. Then the
+engine, the command line and the server (every FIM template, custom ones and ``none`` included) stop
+there on the real Qwen2.5-Coder files, and no special token's text reaches an answer.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.gguf_header import read_header
-from decoding.models.end_of_generation import NamedIds, end_ids, llama_cpp_end_ids
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.gguf_header import read_header
+from speculative_complete.decoding.models.end_of_generation import NamedIds, end_ids, llama_cpp_end_ids
 from tests.support.real_models import installed_real_model
 
 QWEN_ENDS = {"<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
@@ -98,7 +98,7 @@ def header_vocab_and_names(path: Path) -> tuple[dict[str, int], NamedIds]:
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m", "default"])
 def test_the_rule_gives_llama_cpps_own_set_for_each_real_file(name):
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.models.loading import default_gguf_path
 
     path = default_gguf_path() if name == "default" else installed_real_model(name)
     vocab, named = header_vocab_and_names(path)
@@ -157,7 +157,15 @@ def test_the_command_line_stops_at_the_end_of_the_middle(tmp_path):
     prompt = tmp_path / "fim.txt"
     prompt.write_text(FIM_PROMPT)
     done = subprocess.run(
-        [sys.executable, "-m", "decoding", "--model", str(path), "--prompt-file", str(prompt)]
+        [
+            sys.executable,
+            "-m",
+            "speculative_complete.decoding",
+            "--model",
+            str(path),
+            "--prompt-file",
+            str(prompt),
+        ]
         + ["--max-new-tokens", "40", "--drafter", "none", "--json"],
         capture_output=True,
         text=True,

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.llama import LlamaForward
-from decoding.models.loading import ModelLoadError, check_draft_compatible, load_model
+from speculative_complete.decoding.drafters import load_head_drafter, make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.llama import LlamaForward
+from speculative_complete.decoding.models.loading import ModelLoadError, check_draft_compatible, load_model
 from tests.support.stdlib_prompts import STDLIB, stdlib_prompts
 
 pytestmark = pytest.mark.real_model
@@ -102,7 +102,7 @@ def test_cli_batch_prints_one_json_object_per_prompt(tmp_path):
         [
             sys.executable,
             "-m",
-            "decoding",
+            "speculative_complete.decoding",
             "--prompts-jsonl",
             str(prompts),
             "--json",
@@ -140,7 +140,7 @@ def test_cli_reports_bad_input_clearly(tmp_path):
         (["--prompt-file", str(bad), "--model", str(tmp_path / "no-model")], "not found"),
     ]:
         done = subprocess.run(
-            [sys.executable, "-m", "decoding", *args],
+            [sys.executable, "-m", "speculative_complete.decoding", *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -170,7 +170,7 @@ def torch_kernels_model():
     native kernels are not built."""
     import os
 
-    from decoding.forward.native.serving import kernels
+    from speculative_complete.decoding.forward.native.serving import kernels
 
     saved = os.environ.get("LSP_NATIVE")
     os.environ["LSP_NATIVE"] = "0"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from decoding.drafters import make_drafter
-from decoding.engine.healing import back_up
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.healing import back_up
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 
 pytestmark = pytest.mark.real_model
 

@@ -1,6 +1,6 @@
-"""A request's id on every log line emitted while serving it (``lsp_server/request_log.py``): the
-real server process at debug level, two inline requests of known LSP ids on two documents, and
-the log file read afterwards.
+"""A request's id on every log line emitted while serving it
+(``speculative_complete/lsp_server/request_log.py``): the real server process at debug level, two
+inline requests of known LSP ids on two documents, and the log file read afterwards.
 
 Each request logs on the event loop (its answer: ``inline URI line:character -> ...``) and on the
 decode worker thread (``inline URI: prompt of N characters built ...``, in ``_decode``); both
@@ -18,7 +18,10 @@ INLINE = "textDocument/inlineCompletion"
 DOCUMENTS = {41: "file:///work/first.py", 42: "file:///work/second.py"}  # LSP request id -> document
 TEXT = "def greet(name):\n    message = "
 # ``LOG_FORMAT``: time, level, logger, then the request's stamp where there is one.
-LINE = re.compile(r"^\S+ \S+ DEBUG lsp_server\.completion(?P<stamp> \[request [^\]]+\])?: (?P<message>.*)$")
+LINE = re.compile(
+    r"^\S+ \S+ DEBUG speculative_complete\.lsp_server\.completion"
+    r"(?P<stamp> \[request [^\]]+\])?: (?P<message>.*)$"
+)
 
 
 def inline(uri: str) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lsp_server.lifecycle import CREATE_TIMEOUT_S
+from speculative_complete.lsp_server.lifecycle import CREATE_TIMEOUT_S
 from tests.support import lsp as h
 
 INLINE = "textDocument/inlineCompletion"

@@ -28,7 +28,10 @@ def inline(uri: str = h.URI, line: int = 0, character: int = 0) -> dict:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "lsp_server", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "speculative_complete.lsp_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -236,7 +239,7 @@ async def test_tcp_transport_serves_one_client_and_exits_after_it():
 ARENA_PROBE = """
 import ctypes, os, sys, threading
 if sys.argv[1] == "one":
-    from lsp_server.__main__ import one_malloc_arena
+    from speculative_complete.lsp_server.__main__ import one_malloc_arena
     one_malloc_arena()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

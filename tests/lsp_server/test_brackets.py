@@ -1,14 +1,20 @@
-"""The one bracket scanner (``lsp_server/brackets.py``) and the three answers built on it: the
-openers left open before the cursor, the first stray closer in a suggestion, the brace that ends
-a block body. Per language: strings, character literals, comments, escapes."""
+"""The one bracket scanner (``speculative_complete/lsp_server/brackets.py``) and the three answers
+built on it: the openers left open before the cursor, the first stray closer in a suggestion, the
+brace that ends a block body. Per language: strings, character literals, comments, escapes."""
 
 from __future__ import annotations
 
 import pytest
 
-from lsp_server.brackets import closing_brace, first_stray_closer, lexis_for, unclosed, without_comment
-from lsp_server.ending import Ending
-from lsp_server.postprocess import balance
+from speculative_complete.lsp_server.brackets import (
+    closing_brace,
+    first_stray_closer,
+    lexis_for,
+    unclosed,
+    without_comment,
+)
+from speculative_complete.lsp_server.ending import Ending
+from speculative_complete.lsp_server.postprocess import balance
 from tests.support.completion_items import item_for
 
 

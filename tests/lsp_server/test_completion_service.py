@@ -18,14 +18,14 @@ import pytest_asyncio
 from lsprotocol import types
 from transformers import AutoTokenizer
 
-from lsp_server.completion import CompletionService
-from lsp_server.config import Settings
-from lsp_server.context.builder import ContextBuilder, ContextRequest
-from lsp_server.context.tokens import Tokens
-from lsp_server.documents import LspTextDocument
-from lsp_server.model_host import ModelHost
-from lsp_server.scheduler import Scheduler
-from lsp_server.stats import ServerStats
+from speculative_complete.lsp_server.completion import CompletionService
+from speculative_complete.lsp_server.config import Settings
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest
+from speculative_complete.lsp_server.context.tokens import Tokens
+from speculative_complete.lsp_server.documents import LspTextDocument
+from speculative_complete.lsp_server.model_host import ModelHost
+from speculative_complete.lsp_server.scheduler import Scheduler
+from speculative_complete.lsp_server.stats import ServerStats
 from tests.support.lsp import tiny_model_dir, tokenizer_source
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -118,7 +118,7 @@ async def test_the_same_text_and_cursor_with_another_prompt_is_decoded_again(ser
 
 def notes(records: list[logging.LogRecord]) -> list[str]:
     """The reasons the debug log gives for each answer (after the last ': ')."""
-    answers = [r.getMessage() for r in records if r.name == "lsp_server.completion"]
+    answers = [r.getMessage() for r in records if r.name == "speculative_complete.lsp_server.completion"]
     return [message.rsplit(": ", 1)[-1] for message in answers if " -> " in message]
 
 
@@ -145,6 +145,6 @@ async def test_a_request_queued_behind_another_document_waits_for_the_worker(ser
 
 async def test_a_request_cancelled_before_it_runs_is_logged_as_cancelled(service, caplog):
     service.scheduler.close()  # the server is stopping: nothing more runs
-    with caplog.at_level(logging.DEBUG, logger="lsp_server.completion"):
+    with caplog.at_level(logging.DEBUG, logger="speculative_complete.lsp_server.completion"):
         assert await service.ask(UPPER + 1) is None
     assert notes(caplog.records) == ["cancelled"]

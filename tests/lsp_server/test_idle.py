@@ -17,15 +17,15 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from lsp_server.completion import CompletionService
-from lsp_server.config import Settings
-from lsp_server.documents import LspTextDocument
-from lsp_server.idle import IDLE_BEFORE_BACKGROUND_S
-from lsp_server.local.loading import load_runtime
-from lsp_server.local.local_runtime import LocalRuntime
-from lsp_server.model_host import ModelHost
-from lsp_server.scheduler import Scheduler
-from lsp_server.stats import ServerStats
+from speculative_complete.lsp_server.completion import CompletionService
+from speculative_complete.lsp_server.config import Settings
+from speculative_complete.lsp_server.documents import LspTextDocument
+from speculative_complete.lsp_server.idle import IDLE_BEFORE_BACKGROUND_S
+from speculative_complete.lsp_server.local.loading import load_runtime
+from speculative_complete.lsp_server.local.local_runtime import LocalRuntime
+from speculative_complete.lsp_server.model_host import ModelHost
+from speculative_complete.lsp_server.scheduler import Scheduler
+from speculative_complete.lsp_server.stats import ServerStats
 from tests.support.lsp import tiny_model_dir
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

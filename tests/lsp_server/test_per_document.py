@@ -3,7 +3,7 @@ least recently used documents are forgotten beyond the limit."""
 
 from __future__ import annotations
 
-from lsp_server.per_document import DocumentRegistry
+from speculative_complete.lsp_server.per_document import DocumentRegistry
 
 
 def registry_with_owners(max_documents: int = 64) -> tuple[DocumentRegistry, list[str], list[str]]:

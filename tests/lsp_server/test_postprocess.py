@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lsp_server.context.languages import SPECS
-from lsp_server.ending import decide, next_code_line
-from lsp_server.postprocess import indent_unit
+from speculative_complete.lsp_server.context.languages import SPECS
+from speculative_complete.lsp_server.ending import decide, next_code_line
+from speculative_complete.lsp_server.postprocess import indent_unit
 from tests.support.completion_items import item_for
 
 

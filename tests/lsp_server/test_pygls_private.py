@@ -1,6 +1,6 @@
-"""The pygls private members ``lsp_server/protocol.py`` relies on, checked against the installed
-pygls: if an upgrade moves or renames one, this fails with its name instead of the server
-misbehaving at run time (an unanswered request, a crash on the first document)."""
+"""The pygls private members ``speculative_complete/lsp_server/protocol.py`` relies on, checked
+against the installed pygls: if an upgrade moves or renames one, this fails with its name instead of
+the server misbehaving at run time (an unanswered request, a crash on the first document)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCProtocol, LanguageServerProtocol
 from pygls.workspace import Workspace
 
-from lsp_server.protocol import CompletionProtocol, LspWorkspace, use_lsp_line_model
+from speculative_complete.lsp_server.protocol import CompletionProtocol, LspWorkspace, use_lsp_line_model
 
 
 def parameters(function) -> list[str]:

@@ -11,8 +11,8 @@ import weakref
 
 import pytest
 
-from lsp_server import request_log
-from lsp_server.scheduler import Scheduler
+from speculative_complete.lsp_server import request_log
+from speculative_complete.lsp_server.scheduler import Scheduler
 
 GUARD_S = 10.0  # hang guard, not a speed claim
 

@@ -3,8 +3,8 @@ draft sources, each on its own."""
 
 from __future__ import annotations
 
-from lsp_server.reuse import SuggestionMemory
-from lsp_server.sources import DocumentSnapshot, DraftSources
+from speculative_complete.lsp_server.reuse import SuggestionMemory
+from speculative_complete.lsp_server.sources import DocumentSnapshot, DraftSources
 
 DOC = "def f(x):\n    return x)\n"
 CURSOR = DOC.index("x)")  # before the auto-inserted ")"

@@ -7,17 +7,18 @@ import pytest
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
-from decoding.choices import DRAFTER_NAMES, QUANTIZATIONS
-from lsp_server import config
-from lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
-from lsp_server.postprocess import merge_with_suffix
-from lsp_server.stats import ServerStats, percentile
+from speculative_complete.decoding.choices import DRAFTER_NAMES, QUANTIZATIONS
+from speculative_complete.lsp_server import config
+from speculative_complete.lsp_server.documents import LspTextDocument, PositionError, locate, lsp_lines
+from speculative_complete.lsp_server.postprocess import merge_with_suffix
+from speculative_complete.lsp_server.stats import ServerStats, percentile
 
 # -- settings ---------------------------------------------------------------------------------------
 
 
 def test_every_drafter_and_quantization_name_is_a_setting_and_no_other():
-    """The names are declared once (``decoding.choices``); the settings accept exactly them."""
+    """The names are declared once (``speculative_complete.decoding.choices``); the settings accept
+    exactly them."""
     for name in DRAFTER_NAMES:
         assert config.from_cli(drafter=name, draft_model="a-draft").settings.drafter == name
     for name in QUANTIZATIONS:
@@ -197,7 +198,7 @@ def test_locate_clamps_the_character_and_rejects_lines_past_the_end():
 def test_percentiles_and_generation_totals():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 95) == 4.0
-    from decoding.engine.loop import DrafterStats, GenerationResult, GenerationStats
+    from speculative_complete.decoding.engine.loop import DrafterStats, GenerationResult, GenerationStats
 
     stats = ServerStats()
     generation = GenerationStats(
@@ -230,9 +231,9 @@ def test_percentiles_and_generation_totals():
         "decode_other": 10.0,
         "postprocess": 0.5,
     }
-    from lsp_server.completion import Decoded, _decode_note
-    from lsp_server.context.builder import Prompt
-    from lsp_server.scheduler import Outcome
+    from speculative_complete.lsp_server.completion import Decoded, _decode_note
+    from speculative_complete.lsp_server.context.builder import Prompt
+    from speculative_complete.lsp_server.scheduler import Outcome
 
     note = _decode_note(
         Decoded(GenerationResult("x", [1], "stop", generation), 2.0, Prompt("p")), Outcome("done")

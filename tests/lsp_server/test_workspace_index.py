@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from decoding.corpus_index import MAX_MATCH, CorpusIndex
-from decoding.drafters.ngram import NgramDrafter
-from lsp_server.workspace import WorkspaceIndex, WorkspaceLimits, excluded, source_files
+from speculative_complete.decoding.corpus_index import MAX_MATCH, CorpusIndex
+from speculative_complete.decoding.drafters.ngram import NgramDrafter
+from speculative_complete.lsp_server.workspace import WorkspaceIndex, WorkspaceLimits, excluded, source_files
 
 
 # -- the index against brute force -------------------------------------------------------------------

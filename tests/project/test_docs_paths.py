@@ -4,18 +4,21 @@ leave the docs pointing at nothing.
 The docs read here are ``README.md``, ``docs/*.md`` and ``benchmarks/README.md`` (``CHANGELOG.md``
 is history: it names what was true on its dates). What counts as a repository path:
 
-- an inline code span that is one path under a top folder of the repository (``decoding/``,
-  ``lsp_server/``, ``benchmarks/``, ``tests/``, ``editors/``, ``docs/``, ``.ci/``); or one whose
-  first folder is beside the doc (``results/`` in ``benchmarks/README.md``) or inside a top folder
-  (``drafters/ngram.py``, ``context/``), which must exist there; a trailing ``:LINE`` must be a
-  line of that file, and a ``*`` must match at least one file;
+- an inline code span that is one path under a top folder of the repository
+  (``speculative_complete/``, ``benchmarks/``, ``tests/``, ``editors/``, ``docs/``, ``.ci/``); or
+  one whose first folder is beside the doc (``results/`` in ``benchmarks/README.md``) or inside a
+  package or a top folder (``drafters/ngram.py``, ``context/``), which must exist there; a
+  trailing ``:LINE`` must be a line of that file, and a ``*`` must match at least one file; one
+  under ``decoding/`` or ``lsp_server/``, top folders until they moved under
+  ``speculative_complete/``, is reported as moved;
 - a Markdown link or image to a relative target, resolved from the doc's folder as a renderer
   does, with its ``#anchor`` checked against the target's headings;
-- a dotted name under ``decoding``, ``lsp_server`` or ``benchmarks`` at the start of a code span
-  (``decoding.engine.healing.back_up``): the module, and the name it defines (read from its source,
-  not imported), and a class's member after it;
-- ``python -m MODULE`` of those packages, in code spans and code blocks: a module or a package with
-  a ``__main__``;
+- a dotted name under ``speculative_complete`` or ``benchmarks`` at the start of a code span
+  (``speculative_complete.decoding.engine.healing.back_up``): the module, and the name it defines
+  (read from its source, not imported), and a class's member after it; one under the old
+  top-level ``decoding`` or ``lsp_server`` names no module;
+- ``python -m MODULE`` of those packages (the old ``decoding`` and ``lsp_server`` too), in code
+  spans and code blocks: a module or a package with a ``__main__``;
 - in code blocks, a word that is a path under a top folder, except the file a command writes
   (after ``--out``).
 
@@ -33,8 +36,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md")
-TOP_FOLDERS = ("decoding", "lsp_server", "benchmarks", "tests", "editors", "docs", ".ci")
-PACKAGES = ("decoding", "lsp_server", "benchmarks")
+TOP_FOLDERS = ("speculative_complete", "benchmarks", "tests", "editors", "docs", ".ci")
+# Where a path's first folder may also sit (``drafters/ngram.py``): the packages and the top folders
+SEARCHED = ("speculative_complete/decoding", "speculative_complete/lsp_server", *TOP_FOLDERS[1:])
+PACKAGES = ("speculative_complete", "benchmarks")
+# Top-level packages and folders until they moved under speculative_complete (issue 74): what a doc
+# still names under them is reported.
+MOVED = ("decoding", "lsp_server")
 NOT_PATHS = {  # names the docs write like paths that are not files: each with what it is
     "lsp_server/stats": "the server's own LSP request",
     "lsp_server/load/": "the start of a load's progress token",
@@ -45,7 +53,7 @@ CODE_SPAN = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")
 RUN_MODULE = re.compile(r"python3? -m ([\w.]+)")
-DOTTED = re.compile(rf"^((?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+)(?:\(|$)")
+DOTTED = re.compile(rf"^((?:{'|'.join(PACKAGES + MOVED)})(?:\.[A-Za-z_]\w*)+)(?:\(|$)")
 LINE_SUFFIX = re.compile(r"^(.*\.\w+):(\d+)$")
 OUTPUT_FLAGS = ("--out", "-o", ">")
 
@@ -106,7 +114,7 @@ def _block_mentions(line: str) -> list[tuple[str, str]]:
 
 
 def _ours(module: str) -> bool:
-    return module.split(".")[0] in PACKAGES
+    return module.split(".")[0] in PACKAGES + MOVED
 
 
 def _is_relative_link(target: str) -> bool:
@@ -122,6 +130,10 @@ def _under_top_folder(text: str) -> bool:
     return any(text.startswith(f"{folder}/") for folder in TOP_FOLDERS)
 
 
+def _moved(text: str) -> bool:
+    return any(text.startswith(f"{folder}/") for folder in MOVED)
+
+
 def _repository_path(text: str) -> bool:
     return not _off_repository(text) and text not in NOT_PATHS
 
@@ -129,18 +141,19 @@ def _repository_path(text: str) -> bool:
 def _looks_like_path(doc: Path, span: str) -> bool:
     if " " in span or "/" not in span or not _repository_path(span):
         return False
-    return _under_top_folder(span) or bool(_bases(doc, span))
+    return _under_top_folder(span) or _moved(span) or bool(_bases(doc, span))
 
 
 def _bases(doc: Path, path: str) -> list[Path]:
     """The folders ``path`` is read from: the repository's root for a path under a top folder;
-    else the doc's own folder where the path's first folder is beside the doc, and every top folder
-    holding a folder of that name (``drafters/ngram.py`` is ``decoding/drafters/ngram.py``)."""
+    else the doc's own folder where the path's first folder is beside the doc, and every package
+    or top folder holding a folder of that name (``drafters/ngram.py`` is
+    ``speculative_complete/decoding/drafters/ngram.py``)."""
     if _under_top_folder(path):
         return [ROOT]
     first = path.split("/")[0]
     beside = [doc.parent] if doc.parent != ROOT and (doc.parent / first).is_dir() else []
-    return beside + [ROOT / top for top in TOP_FOLDERS if (ROOT / top / first).is_dir()]
+    return beside + [ROOT / folder for folder in SEARCHED if (ROOT / folder / first).is_dir()]
 
 
 # -- checking them ---------------------------------------------------------------------------------
@@ -158,6 +171,8 @@ def missing(mention: Mention) -> str | None:
 
 
 def _path_missing(doc: Path, text: str) -> str | None:
+    if _moved(text):
+        return "moved: now under speculative_complete/"
     line = None
     with_line = LINE_SUFFIX.match(text)
     if with_line:
@@ -268,26 +283,33 @@ def test_a_missing_path_is_reported_with_its_doc_and_line_and_machine_paths_are_
     doc = tmp_path / "page.md"
     doc.write_text(
         "# A page\n\n"
-        "See `decoding/engine/loop.py`, `lsp_server/no_such_module.py` and [the top](#a-page).\n"
+        "See `speculative_complete/decoding/engine/loop.py`,"
+        " `speculative_complete/lsp_server/no_such_module.py` and [the top](#a-page).\n"
         "Caches: `~/.cache/lsp-speculative-complete/`, `$XDG_CACHE_HOME/x`, `/tmp/prompt.py`, `<dir>/x.py`.\n"
-        "`decoding.engine.healing.back_up`, `decoding.engine.healing.no_such_name`, [gone](#nowhere)\n"
+        "`speculative_complete.decoding.engine.healing.back_up`, "
+        "`speculative_complete.decoding.engine.healing.no_such_name`, [gone](#nowhere)\n"
         "```bash\npython -m benchmarks.no_such_bench --out benchmarks/results/new.json\n"
         "python -m pytest -q tests/no_such_test.py\n```\n"
+        "Moved: `lsp_server/config.py`, `decoding.engine.healing.back_up`, `python -m lsp_server`.\n"
     )
     problems = [mention.where() for mention in mentions(doc) if missing(mention)]
     shown = _shown(doc)
     assert problems == [
-        f"{shown}:3: path 'lsp_server/no_such_module.py'",
+        f"{shown}:3: path 'speculative_complete/lsp_server/no_such_module.py'",
         f"{shown}:5: link '#nowhere'",
-        f"{shown}:5: name 'decoding.engine.healing.no_such_name'",
+        f"{shown}:5: name 'speculative_complete.decoding.engine.healing.no_such_name'",
         f"{shown}:7: module 'benchmarks.no_such_bench'",
         f"{shown}:8: path 'tests/no_such_test.py'",
+        f"{shown}:10: path 'lsp_server/config.py'",
+        f"{shown}:10: name 'decoding.engine.healing.back_up'",
+        f"{shown}:10: module 'lsp_server'",
     ]
 
 
 def test_a_line_number_past_the_file_end_is_missing() -> None:
-    lines = len((ROOT / "lsp_server" / "config.py").read_text().splitlines())
-    last, past = (Mention(DOCS[0], 1, "path", f"lsp_server/config.py:{n}") for n in (lines, lines + 1))
+    config = "speculative_complete/lsp_server/config.py"
+    lines = len((ROOT / config).read_text().splitlines())
+    last, past = (Mention(DOCS[0], 1, "path", f"{config}:{n}") for n in (lines, lines + 1))
     assert missing(last) is None
     assert missing(past) == f"the file has no line {lines + 1}"
 

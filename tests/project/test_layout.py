@@ -1,5 +1,5 @@
 """The product's module graph: imports run one way, from higher layers to lower ones, never in a
-cycle, and ``decoding`` never imports ``lsp_server``.
+cycle, and ``speculative_complete.decoding`` never imports ``speculative_complete.lsp_server``.
 
 A cycle works only by import order, and breaks when someone reorders imports; an import from a
 lower layer to a higher one is how a cycle starts, and how a leaf (the drafter interface, the
@@ -22,51 +22,75 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("decoding", "lsp_server")
+TOP = "speculative_complete"  # the one top-level package; nothing but its two subpackages
+DECODING = f"{TOP}.decoding"
+LSP_SERVER = f"{TOP}.lsp_server"
+PACKAGES = (TOP, DECODING, LSP_SERVER)  # root packages: each stands for its ``__init__`` only
 
 # The layers, lowest first. A module may import its own unit (the package or module named here
 # that holds it) and the units of lower layers; units side by side in one layer are independent of
-# each other. A root package (``decoding``, ``lsp_server``) stands for its ``__init__`` only.
+# each other. A root package (``PACKAGES``) stands for its ``__init__`` only.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("speculative_complete",),  # a docstring: it imports nothing
     # -- decoding: the model side ---------------------------------------------------------------
-    ("decoding.choices", "decoding.memory"),  # names settings choose among; the heap
-    ("decoding.forward",),  # a model's forward pass (ModelPass), its layers and kernels
-    ("decoding.models",),  # finding and loading models and tokenizers
+    (  # names settings choose among; the heap
+        "speculative_complete.decoding.choices",
+        "speculative_complete.decoding.memory",
+    ),
+    ("speculative_complete.decoding.forward",),  # a model's forward pass (ModelPass), its layers, kernels
+    ("speculative_complete.decoding.models",),  # finding and loading models and tokenizers
     # What the engine and the drafters share, below both so that neither imports the other.
     (
-        "decoding.verify",
-        "decoding.results",
-        "decoding.kv_cache",
-        "decoding.cost_model",
-        "decoding.corpus_index",
+        "speculative_complete.decoding.verify",
+        "speculative_complete.decoding.results",
+        "speculative_complete.decoding.kv_cache",
+        "speculative_complete.decoding.cost_model",
+        "speculative_complete.decoding.corpus_index",
     ),
-    ("decoding.drafter_interface",),  # Draft, Drafter: what the engine calls a drafter through
-    ("decoding.draft_head",),  # the head network, its precision and its training
-    ("decoding.drafters", "decoding.engine"),  # the engine sees drafters only through the interface
-    ("decoding.__main__", "decoding"),  # the command line; the package's lazy names
+    # Draft, Drafter: what the engine calls a drafter through
+    ("speculative_complete.decoding.drafter_interface",),
+    ("speculative_complete.decoding.draft_head",),  # the head network, its precision and its training
+    (  # the engine sees drafters only through the interface
+        "speculative_complete.decoding.drafters",
+        "speculative_complete.decoding.engine",
+    ),
+    (  # the command line; the package's lazy names
+        "speculative_complete.decoding.__main__",
+        "speculative_complete.decoding",
+    ),
     # -- lsp_server: the protocol edge, above all of decoding ------------------------------------
     (  # leaves: no other lsp_server module
-        "lsp_server",
-        "lsp_server.brackets",
-        "lsp_server.documents",
-        "lsp_server.endpoint",
-        "lsp_server.per_document",
-        "lsp_server.request_log",
-        "lsp_server.reuse",
-        "lsp_server.scheduler",
-        "lsp_server.sources",
-        "lsp_server.stats",
+        "speculative_complete.lsp_server",
+        "speculative_complete.lsp_server.brackets",
+        "speculative_complete.lsp_server.documents",
+        "speculative_complete.lsp_server.endpoint",
+        "speculative_complete.lsp_server.per_document",
+        "speculative_complete.lsp_server.request_log",
+        "speculative_complete.lsp_server.reuse",
+        "speculative_complete.lsp_server.scheduler",
+        "speculative_complete.lsp_server.sources",
+        "speculative_complete.lsp_server.stats",
     ),
-    ("lsp_server.context",),  # the prompt
-    ("lsp_server.ending", "lsp_server.protocol", "lsp_server.workspace"),
-    ("lsp_server.config", "lsp_server.postprocess"),  # the settings; the suggestion's text
-    ("lsp_server.runtime_interface",),  # the runtime interface
-    ("lsp_server.local", "lsp_server.remote"),  # the two runtimes
-    ("lsp_server.model_host",),
-    ("lsp_server.idle", "lsp_server.lifecycle"),
-    ("lsp_server.completion",),
-    ("lsp_server.server",),
-    ("lsp_server.__main__",),
+    ("speculative_complete.lsp_server.context",),  # the prompt
+    (
+        "speculative_complete.lsp_server.ending",
+        "speculative_complete.lsp_server.protocol",
+        "speculative_complete.lsp_server.workspace",
+    ),
+    (  # the settings; the suggestion's text
+        "speculative_complete.lsp_server.config",
+        "speculative_complete.lsp_server.postprocess",
+    ),
+    ("speculative_complete.lsp_server.runtime_interface",),  # the runtime interface
+    (  # the two runtimes
+        "speculative_complete.lsp_server.local",
+        "speculative_complete.lsp_server.remote",
+    ),
+    ("speculative_complete.lsp_server.model_host",),
+    ("speculative_complete.lsp_server.idle", "speculative_complete.lsp_server.lifecycle"),
+    ("speculative_complete.lsp_server.completion",),
+    ("speculative_complete.lsp_server.server",),
+    ("speculative_complete.lsp_server.__main__",),
 )
 
 # Every import of a project module inside a function, (importer, imported): why it waits for the
@@ -77,33 +101,87 @@ _HTTP_CLIENT = "the HTTP client: only once an endpoint is configured"
 _GGUF = "the gguf package: only when a GGUF header is read"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     (
-        "decoding.forward.model_pass",
-        "decoding.forward.growing_cache",
+        "speculative_complete.decoding.forward.model_pass",
+        "speculative_complete.decoding.forward.growing_cache",
     ): "transformers' caches: their forward only",
-    ("decoding.models.discovery", "decoding.forward.gguf_header"): _GGUF,
-    ("decoding.models.discovery", "decoding.forward.shapes"): "a model's shape: to ask if a file runs lean",
-    ("decoding.models.loading", "decoding.forward.gguf_header"): _GGUF,
-    ("decoding.models.loading", "decoding.forward.gguf_loader"): "the lean forward's kernels: a GGUF it runs",
     (
-        "decoding.models.loading",
-        "decoding.forward.transformers_loader",
+        "speculative_complete.decoding.models.discovery",
+        "speculative_complete.decoding.forward.gguf_header",
+    ): _GGUF,
+    (
+        "speculative_complete.decoding.models.discovery",
+        "speculative_complete.decoding.forward.shapes",
+    ): "a model's shape: to ask if a file runs lean",
+    (
+        "speculative_complete.decoding.models.loading",
+        "speculative_complete.decoding.forward.gguf_header",
+    ): _GGUF,
+    (
+        "speculative_complete.decoding.models.loading",
+        "speculative_complete.decoding.forward.gguf_loader",
+    ): "the lean forward's kernels: a GGUF it runs",
+    (
+        "speculative_complete.decoding.models.loading",
+        "speculative_complete.decoding.forward.transformers_loader",
     ): "the lean forward: a model quantized at load",
-    ("decoding.models.loading", "decoding.forward.graphed"): "CUDA graphs: only on a GPU",
-    ("decoding.models.loading", "decoding.models.tokenizer"): "only for a cached tokenizer",
-    ("lsp_server.__main__", "lsp_server.protocol"): "pygls' transports: only when serving",
-    ("lsp_server.__main__", "lsp_server.server"): "the server: not for --help, --version, --list-models",
-    ("lsp_server.__main__", "decoding.models.discovery"): "only for --list-models",
-    ("lsp_server.context.token_healing", "decoding.engine.healing"): "only where a prompt is healed",
-    ("lsp_server.local.generation", "decoding"): _TORCH_ON_THREADS,
-    ("lsp_server.local.loading", "decoding"): _TORCH_ON_THREADS,
-    ("lsp_server.local.loading", "decoding.drafters"): _TORCH_ON_THREADS,
-    ("lsp_server.local.loading", "decoding.kv_cache"): "beside the engine it serves, on the loader thread",
-    ("lsp_server.local.loading", "decoding.memory"): _TORCH_ON_THREADS,
-    ("lsp_server.local.loading", "decoding.models.loading"): _TORCH_ON_THREADS,
-    ("lsp_server.local.local_runtime", "decoding.drafters"): _TORCH_ON_THREADS,
-    ("lsp_server.local.local_runtime", "decoding.engine.transformers_peer"): _TORCH_ON_THREADS,
-    ("lsp_server.model_host", "lsp_server.remote.remote_runtime"): _HTTP_CLIENT,
-    ("lsp_server.remote", "lsp_server.remote.engine"): _HTTP_CLIENT,
+    (
+        "speculative_complete.decoding.models.loading",
+        "speculative_complete.decoding.forward.graphed",
+    ): "CUDA graphs: only on a GPU",
+    (
+        "speculative_complete.decoding.models.loading",
+        "speculative_complete.decoding.models.tokenizer",
+    ): "only for a cached tokenizer",
+    (
+        "speculative_complete.lsp_server.__main__",
+        "speculative_complete.lsp_server.protocol",
+    ): "pygls' transports: only when serving",
+    (
+        "speculative_complete.lsp_server.__main__",
+        "speculative_complete.lsp_server.server",
+    ): "the server: not for --help, --version, --list-models",
+    (
+        "speculative_complete.lsp_server.__main__",
+        "speculative_complete.decoding.models.discovery",
+    ): "only for --list-models",
+    (
+        "speculative_complete.lsp_server.context.token_healing",
+        "speculative_complete.decoding.engine.healing",
+    ): "only where a prompt is healed",
+    ("speculative_complete.lsp_server.local.generation", "speculative_complete.decoding"): _TORCH_ON_THREADS,
+    ("speculative_complete.lsp_server.local.loading", "speculative_complete.decoding"): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.local.loading",
+        "speculative_complete.decoding.drafters",
+    ): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.local.loading",
+        "speculative_complete.decoding.kv_cache",
+    ): "beside the engine it serves, on the loader thread",
+    (
+        "speculative_complete.lsp_server.local.loading",
+        "speculative_complete.decoding.memory",
+    ): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.local.loading",
+        "speculative_complete.decoding.models.loading",
+    ): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.local.local_runtime",
+        "speculative_complete.decoding.drafters",
+    ): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.local.local_runtime",
+        "speculative_complete.decoding.engine.transformers_peer",
+    ): _TORCH_ON_THREADS,
+    (
+        "speculative_complete.lsp_server.model_host",
+        "speculative_complete.lsp_server.remote.remote_runtime",
+    ): _HTTP_CLIENT,
+    (
+        "speculative_complete.lsp_server.remote",
+        "speculative_complete.lsp_server.remote.engine",
+    ): _HTTP_CLIENT,
 }
 
 
@@ -141,7 +219,7 @@ def module_name(path: Path) -> str:
 
 @functools.cache
 def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {module_name(p): p for p in (ROOT / TOP).rglob("*.py")}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -264,17 +342,18 @@ def broken_rule(found: Import) -> str | None:
 
 def test_the_graph_sees_real_imports():
     graph = import_graph()
-    assert "lsp_server.model_host" in graph["lsp_server.completion"]
-    assert "decoding.kv_cache" in graph["decoding.engine.loop"]
-    assert "decoding.models.discovery" in graph["lsp_server.__main__"]  # inside a function: torch's laziness
+    assert f"{LSP_SERVER}.model_host" in graph[f"{LSP_SERVER}.completion"]
+    assert f"{DECODING}.kv_cache" in graph[f"{DECODING}.engine.loop"]
+    # inside a function: torch's laziness
+    assert f"{DECODING}.models.discovery" in graph[f"{LSP_SERVER}.__main__"]
 
 
 def test_the_scan_tells_when_each_import_runs():
     kinds = {(i.importer, i.imported): i for i in all_imports()}
-    assert kinds["decoding.engine.loop", "decoding.drafter_interface"].function is None
-    assert kinds["decoding.engine.healing", "decoding.kv_cache"].typing_only
-    assert kinds["lsp_server.__main__", "decoding.models.discovery"].lazy
-    assert "inside list_models()" in str(kinds["lsp_server.__main__", "decoding.models.discovery"])
+    assert kinds[f"{DECODING}.engine.loop", f"{DECODING}.drafter_interface"].function is None
+    assert kinds[f"{DECODING}.engine.healing", f"{DECODING}.kv_cache"].typing_only
+    assert kinds[f"{LSP_SERVER}.__main__", f"{DECODING}.models.discovery"].lazy
+    assert "inside list_models()" in str(kinds[f"{LSP_SERVER}.__main__", f"{DECODING}.models.discovery"])
 
 
 def test_no_import_cycles():
@@ -282,9 +361,11 @@ def test_no_import_cycles():
     assert cycle is None, " -> ".join(cycle or [])
 
 
-@pytest.mark.parametrize("module", sorted(m for m in import_graph() if m.startswith("decoding")))
+@pytest.mark.parametrize(
+    "module", sorted(m for m in import_graph() if m == DECODING or m.startswith(DECODING + "."))
+)
 def test_decoding_never_imports_lsp_server(module):
-    assert not any(m.startswith("lsp_server") for m in import_graph()[module])
+    assert not any(m == LSP_SERVER or m.startswith(LSP_SERVER + ".") for m in import_graph()[module])
 
 
 def test_every_module_has_a_layer_and_every_layer_names_modules():
@@ -310,11 +391,12 @@ def test_the_layering_refuses_an_import_upwards_or_sideways():
     def rule(importer: str, imported: str) -> str | None:
         return broken_rule(Import(importer, imported, 1, "f", False))
 
-    assert rule("decoding.engine.loop", "decoding.drafter_interface") is None
-    assert "is above" in (rule("decoding.verify", "decoding.engine.loop") or "")
-    assert "beside" in (rule("decoding.engine.loop", "decoding.drafters.ngram") or "")
-    assert "is above" in (rule("decoding.kv_cache", "lsp_server.config") or "")
-    assert "is above" in (rule("lsp_server.config", "lsp_server.remote.remote_runtime") or "")
+    assert rule(f"{DECODING}.engine.loop", f"{DECODING}.drafter_interface") is None
+    assert "is above" in (rule(f"{DECODING}.verify", f"{DECODING}.engine.loop") or "")
+    assert "beside" in (rule(f"{DECODING}.engine.loop", f"{DECODING}.drafters.ngram") or "")
+    assert "is above" in (rule(f"{DECODING}.kv_cache", f"{LSP_SERVER}.config") or "")
+    assert "is above" in (rule(f"{LSP_SERVER}.config", f"{LSP_SERVER}.remote.remote_runtime") or "")
+    assert "is above" in (rule(TOP, f"{DECODING}.results") or ""), "the top package imports nothing"
 
 
 def test_imports_put_off_to_first_use_are_the_listed_ones():

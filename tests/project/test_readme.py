@@ -1,6 +1,6 @@
-"""The README says what is true now: its settings table is ``lsp_server/config.py``'s settings,
-its flags are the server's and llama-server's, its test command is what CI runs, and it stays
-short enough to read.
+"""The README says what is true now: its settings table is
+``speculative_complete/lsp_server/config.py``'s settings, its flags are the server's and
+llama-server's, its test command is what CI runs, and it stays short enough to read.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.config import Settings
+from speculative_complete.lsp_server.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -143,7 +143,7 @@ def help_entries(help_text: str) -> list[tuple[list[str], str]]:
 
 
 def test_the_flags_table_is_every_flag_of_lsp_server() -> None:
-    from lsp_server.__main__ import parse_args
+    from speculative_complete.lsp_server.__main__ import parse_args
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):

@@ -1,6 +1,8 @@
 """The tests' own layout: folders that mirror the packages, and helpers in one place.
 
-A newcomer looking for the tests of ``decoding/verify.py`` finds them in
+The tests of ``speculative_complete/decoding/`` and ``speculative_complete/lsp_server/`` live in
+``tests/decoding/`` and ``tests/lsp_server/``, folder for folder below them: a newcomer looking
+for the tests of ``speculative_complete/decoding/verify.py`` finds them in
 ``tests/decoding/engine/``; whatever two test modules share lives in ``tests/support/``, so that
 no test module imports another (an import of a test module also collects its tests a second
 time under another name, and ties two files' fixtures together by accident). Every import
@@ -14,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-MIRRORED = ("decoding", "lsp_server")  # folders under tests/ that mirror a package of the same path
+PACKAGE_ROOT = ROOT / "speculative_complete"  # the installed top-level package
+MIRRORED = ("decoding", "lsp_server")  # folders under tests/ that mirror the subpackage of that name
 TOP_LEVEL = {*MIRRORED, "e2e", "benchmarks", "project", "support"}
 SUPPORT = "tests.support"
 
@@ -58,12 +61,14 @@ def is_test_module(name: str) -> bool:
 
 def test_the_scan_sees_real_imports():
     greedy = imported_modules(TESTS / "decoding" / "engine" / "test_engine_greedy.py")
-    assert "tests.support.greedy_cases" in greedy and "decoding.engine.loop" in greedy
+    assert "tests.support.greedy_cases" in greedy
+    assert "speculative_complete.decoding.engine.loop" in greedy
     assert "tests.support.lsp" in imports_in("from tests.support import lsp as h", "tests.e2e")
     inside = imports_in("def f():\n    from ..forward.test_quant import IN", "tests.decoding.engine")
     assert "tests.decoding.forward.test_quant" in inside
     assert is_test_module("tests.decoding.engine.test_verify") and is_test_module("tests.conftest")
-    assert not is_test_module("tests.support.tiny_models") and not is_test_module("decoding.engine")
+    assert not is_test_module("tests.support.tiny_models")
+    assert not is_test_module("speculative_complete.decoding.engine")
 
 
 def test_no_test_module_imports_another_test_module():
@@ -86,14 +91,14 @@ def test_the_top_level_folders_are_the_packages_and_the_named_few():
 
 
 def test_every_mirrored_folder_is_a_package_of_the_same_path():
-    """tests/decoding/engine <-> decoding/engine/: a folder for a package that was renamed or
-    removed is caught here."""
+    """tests/decoding/engine <-> speculative_complete/decoding/engine/: a folder for a package
+    that was renamed or removed is caught here."""
     mirrors = [p for p in folders() if p.relative_to(TESTS).parts[0] in MIRRORED]
     assert mirrors, "no mirrored folders found"
     missing = [
         str(p.relative_to(TESTS))
         for p in mirrors
-        if not (ROOT / p.relative_to(TESTS) / "__init__.py").is_file()
+        if not (PACKAGE_ROOT / p.relative_to(TESTS) / "__init__.py").is_file()
     ]
     assert missing == [], "tests/ folders whose package does not exist"
 

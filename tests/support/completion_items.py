@@ -6,9 +6,9 @@ from __future__ import annotations
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
-from lsp_server import postprocess
-from lsp_server.context.languages import detect
-from lsp_server.documents import LspTextDocument, locate
+from speculative_complete.lsp_server import postprocess
+from speculative_complete.lsp_server.context.languages import detect
+from speculative_complete.lsp_server.documents import LspTextDocument, locate
 
 
 def position(text: str, offset: int) -> types.Position:

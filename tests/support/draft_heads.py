@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from decoding.draft_head.network import DraftHead, HeadConfig
-from decoding.draft_head.training import chain_loss
+from speculative_complete.decoding.draft_head.network import DraftHead, HeadConfig
+from speculative_complete.decoding.draft_head.training import chain_loss
 from tests.support.lean_forward import plain_greedy_pass
 from tests.support.tiny_models import TINY_VOCAB
 

@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import GGUFWriter, quants
 
-from decoding.forward.assembly import rope_order
+from speculative_complete.decoding.forward.assembly import rope_order
 
 # A decoder layer's modules (transformers' names) and the GGUF tensor each becomes.
 GGUF_TENSORS = {

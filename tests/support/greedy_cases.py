@@ -8,8 +8,8 @@ import random
 
 import torch
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.lean_forward import plain_greedy_pass
 from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, tiny_model
 

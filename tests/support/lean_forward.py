@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.models.loading import LoadedModel
+from speculative_complete.decoding.models.loading import LoadedModel
 from tests.support.tiny_models import TinyTokenizer, tiny_config
 
 

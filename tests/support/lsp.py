@@ -33,7 +33,7 @@ SAMPLE = 'def greet(name):\n    message = "hello " + name\n    return message\n\
 def tokenizer_source() -> Path:
     """The default model's cached config and tokenizer folder (it holds tokenizer.json), made by a
     load if absent. Only the default model's: the cache also holds other GGUFs' folders."""
-    from decoding.models.loading import default_gguf_path, metadata_folder
+    from speculative_complete.decoding.models.loading import default_gguf_path, metadata_folder
 
     def find() -> Path | None:
         folder = metadata_folder(default_gguf_path())
@@ -41,7 +41,7 @@ def tokenizer_source() -> Path:
 
     folder = find()
     if folder is None:
-        from decoding.models.loading import load_model
+        from speculative_complete.decoding.models.loading import load_model
 
         load_model("default", device="cpu", dtype="float32")
         folder = find()
@@ -85,11 +85,11 @@ DEFAULT = "default"  # pass as ``model`` for a command with no --model flag: the
 def server_command(*args: str, model: Path | str | None = None) -> list[str]:
     """The server over stdio with the tiny model, another model, or (``DEFAULT``) no --model flag."""
     if model == DEFAULT:
-        return [sys.executable, "-m", "lsp_server", *args]
+        return [sys.executable, "-m", "speculative_complete.lsp_server", *args]
     return [
         sys.executable,
         "-m",
-        "lsp_server",
+        "speculative_complete.lsp_server",
         "--stdio",
         "--model",
         str(model if model is not None else tiny_model_dir()),

@@ -88,7 +88,7 @@ api.nvim_create_autocmd('LspProgress', {
 })
 
 require('speculative_complete').setup({
-  cmd = { env.SC_PYTHON, '-m', 'lsp_server' },
+  cmd = { env.SC_PYTHON, '-m', 'speculative_complete.lsp_server' },
   ghost_text = env.SC_GHOST_TEXT,
   -- A roomy budget: the test checks what the editor shows, not how fast a loaded machine is.
   -- SC_SETTINGS (JSON) adds server settings, e.g. an endpoint.

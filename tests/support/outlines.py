@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import tree_sitter
 
-from lsp_server.context.languages import grammar
-from lsp_server.context.outline import Outline, SyntaxOutline
-from lsp_server.context.syntax import to_bytes
-from lsp_server.context.text import split_rows
+from speculative_complete.lsp_server.context.languages import grammar
+from speculative_complete.lsp_server.context.outline import Outline, SyntaxOutline
+from speculative_complete.lsp_server.context.syntax import to_bytes
+from speculative_complete.lsp_server.context.text import split_rows
 
 CURSOR = "|"
 

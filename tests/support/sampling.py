@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from decoding.verify import SamplingParams, sampling_probs
+from speculative_complete.decoding.verify import SamplingParams, sampling_probs
 from tests.support.reference import next_token_logits
 from tests.support.tiny_models import TINY_VOCAB
 

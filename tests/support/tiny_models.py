@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.models.loading import LoadedModel
+from speculative_complete.decoding.models.loading import LoadedModel
 
 TINY_VOCAB = 64
 

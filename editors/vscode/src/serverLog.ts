@@ -6,7 +6,7 @@
 
 export type Level = 'trace' | 'debug' | 'info' | 'warn' | 'error';
 
-/** `2026-11-23 16:56:12,811 INFO lsp_server: ...`: lsp_server's log format (its __main__.py). */
+/** `2026-11-23 16:56:12,811 INFO speculative_complete.lsp_server: ...`: the server's log format. */
 const HEADER = /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) /;
 
 const LEVELS: Record<string, Level> = {

@@ -88,10 +88,16 @@ export function launchSettings(raw: Record<string, unknown>): LaunchSettings {
   };
 }
 
-/** `python -m lsp_server --stdio ...` when a Python interpreter is set, else `lsp_server --stdio ...`. */
+/**
+ * `python -m speculative_complete.lsp_server --stdio ...` when a Python interpreter is set, else
+ * `lsp_server --stdio ...`.
+ */
 export function serverCommand(launch: LaunchSettings): ServerCommand {
   if (launch.pythonPath) {
-    return { command: launch.pythonPath, args: ['-m', 'lsp_server', '--stdio', ...launch.serverArgs] };
+    return {
+      command: launch.pythonPath,
+      args: ['-m', 'speculative_complete.lsp_server', '--stdio', ...launch.serverArgs],
+    };
   }
   return { command: launch.serverPath, args: ['--stdio', ...launch.serverArgs] };
 }

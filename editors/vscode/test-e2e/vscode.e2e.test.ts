@@ -499,7 +499,7 @@ describe('the extension in VS Code (code-server + Chromium), on the real lsp_ser
       const lines = channelLogs(codeServer.userData).flatMap((path) =>
         readFileSync(path, 'utf8').split('\n'),
       );
-      const serverInfo = lines.filter((line) => / INFO lsp_server/.test(line));
+      const serverInfo = lines.filter((line) => / INFO speculative_complete\.lsp_server/.test(line));
       assert.ok(serverInfo.length > 0, 'the server log is in the channel');
       assert.deepEqual(
         serverInfo.filter((line) => !line.includes('[info]')),

@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from decoding.draft_head.network import HeadCache, HeadConfig, Rotary
-from decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.draft_head.network import HeadCache, HeadConfig, Rotary
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
 from tests.support.draft_heads import tiny_head
 from tests.support.tiny_models import tiny_model
 

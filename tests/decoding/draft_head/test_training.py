@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.draft_head.network import HeadCache, load_head
-from decoding.draft_head.training import TEMPERATURES, chain_outputs, held_out
-from decoding.drafters import load_head_drafter
-from decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.draft_head.network import HeadCache, load_head
+from speculative_complete.decoding.draft_head.training import TEMPERATURES, chain_outputs, held_out
+from speculative_complete.decoding.drafters import load_head_drafter
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
 from tests.support.draft_heads import tiny_head
 from tests.support.tiny_models import tiny_model
 
@@ -57,7 +57,7 @@ def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
     run filled are linked, and what comes out is what a run from scratch computes."""
     from safetensors.torch import load_file
 
-    from decoding.draft_head.training import SHARD_SEQUENCES, Target, features
+    from speculative_complete.decoding.draft_head.training import SHARD_SEQUENCES, Target, features
     from tests.support.tiny_models import save_tiny_model
 
     assert SHARD_SEQUENCES == 32
@@ -81,10 +81,11 @@ def test_features_for_more_tokens_reuse_the_full_shards_of_a_run_over_fewer(
 
 
 def test_train_head_runs_end_to_end_and_its_head_drafts(tmp_path, monkeypatch, default_tokenizer_folder):
-    """``python -m decoding.draft_head.training`` on a tiny model and a small corpus: features cached,
-    loss down over epochs, a report on held-out files, and the head loads and drafts."""
-    from decoding.draft_head.training import main
-    from decoding.models.loading import load_model
+    """``python -m speculative_complete.decoding.draft_head.training`` on a tiny model and a small
+    corpus: features cached, loss down over epochs, a report on held-out files, and the head loads
+    and drafts."""
+    from speculative_complete.decoding.draft_head.training import main
+    from speculative_complete.decoding.models.loading import load_model
     from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
@@ -138,8 +139,8 @@ def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_the
     """``--features batch`` (a GPU's way) trains on the very sequences the CPU's shards cache, in
     the same stream, and the dense model's states for them are the quantized forward's within
     its rounding: a head trained on one reads the other."""
-    from decoding.draft_head.features import BatchFeatures
-    from decoding.draft_head.training import Target, main, parse_args, training_source
+    from speculative_complete.decoding.draft_head.features import BatchFeatures
+    from speculative_complete.decoding.draft_head.training import Target, main, parse_args, training_source
     from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))
@@ -178,7 +179,7 @@ def test_per_batch_features_are_the_cached_shards_sequences_with_states_near_the
 
 
 def test_a_time_budget_keeps_the_epochs_that_fit():
-    from decoding.draft_head.training import epochs_that_fit
+    from speculative_complete.decoding.draft_head.training import epochs_that_fit
 
     # 100 steps of 0.1 s: 10 s an epoch, 6 in a minute
     assert epochs_that_fit(0.1, 100, 1.0, done=0, planned=4) == 4
@@ -193,8 +194,8 @@ def test_train_head_on_cuda_trains_a_head_the_cpu_drafts_with(
 ):
     """``--device cuda``: per-batch states on the GPU, training there, the report and the saved
     head on the CPU, where the server's drafter loads it."""
-    from decoding.draft_head.training import main
-    from decoding.models.loading import load_model
+    from speculative_complete.decoding.draft_head.training import main
+    from speculative_complete.decoding.models.loading import load_model
     from tests.support.tiny_models import save_tiny_model
 
     monkeypatch.setenv("DECODING_CACHE_DIR", str(tmp_path / "cache"))

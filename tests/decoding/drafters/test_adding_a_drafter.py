@@ -1,7 +1,7 @@
 """``docs/adding-a-drafter.md`` works as written: its drafter, saved where it says, and its two
-edits, applied to the real ``decoding/choices.py`` and ``decoding/drafters/__init__.py``, give a
-drafter that ``make_drafter`` builds by its new name and whose drafts the engine verifies, with
-output token for token plain greedy's.
+edits, applied to the real ``speculative_complete/decoding/choices.py`` and
+``speculative_complete/decoding/drafters/__init__.py``, give a drafter that ``make_drafter`` builds
+by its new name and whose drafts the engine verifies, with output token for token plain greedy's.
 
 The steps run in memory: the edited sources are executed as modules beside the real ones, and
 nothing is written into the source tree.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.reference import plain_greedy
 from tests.support.tiny_models import TINY_VOCAB, loaded, tiny_model
 
@@ -90,16 +90,23 @@ def registered(monkeypatch):
     toy.__file__ = str(ROOT / path)
     monkeypatch.setitem(sys.modules, name, toy)  # what saving the file makes importable
     exec(compile(source, toy.__file__, "exec"), toy.__dict__)
-    choices = module_from("decoding.choices", edited_source("decoding/choices.py"), "decoding/choices.py")
-    init = "decoding/drafters/__init__.py"
-    drafters = module_from("decoding.drafters", edited_source(init), init)
+    choices = module_from(
+        "speculative_complete.decoding.choices",
+        edited_source("speculative_complete/decoding/choices.py"),
+        "speculative_complete/decoding/choices.py",
+    )
+    init = "speculative_complete/decoding/drafters/__init__.py"
+    drafters = module_from("speculative_complete.decoding.drafters", edited_source(init), init)
     return toy, choices, drafters
 
 
 def test_the_doc_edits_files_that_exist_and_saves_one_that_does_not():
-    assert {edit.path for edit in edits()} == {"decoding/choices.py", "decoding/drafters/__init__.py"}
+    assert {edit.path for edit in edits()} == {
+        "speculative_complete/decoding/choices.py",
+        "speculative_complete/decoding/drafters/__init__.py",
+    }
     path, _ = saved_module()
-    assert path.startswith("decoding/drafters/") and not (ROOT / path).exists()
+    assert path.startswith("speculative_complete/decoding/drafters/") and not (ROOT / path).exists()
 
 
 def test_the_new_name_is_offered_and_built(registered):

@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.models.loading import ModelLoadError, check_draft_compatible
-from decoding.verify import SamplingParams
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.models.loading import ModelLoadError, check_draft_compatible
+from speculative_complete.decoding.verify import SamplingParams
 from tests.support.reference import plain_greedy
 from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.cost_model import CostModel
-from decoding.drafters import make_drafter
-from decoding.drafters.auto import AutoDrafter
-from decoding.drafters.length import best_draft_length, expected_tokens
-from decoding.drafters.model import ModelDrafter
-from decoding.drafters.ngram import NgramDrafter, TokenIndex
-from decoding.verify import SamplingParams
+from speculative_complete.decoding.cost_model import CostModel
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.drafters.auto import AutoDrafter
+from speculative_complete.decoding.drafters.length import best_draft_length, expected_tokens
+from speculative_complete.decoding.drafters.model import ModelDrafter
+from speculative_complete.decoding.drafters.ngram import NgramDrafter, TokenIndex
+from speculative_complete.decoding.verify import SamplingParams
 from tests.support.reference import next_token_logits
 from tests.support.tiny_models import loaded, tiny_model
 

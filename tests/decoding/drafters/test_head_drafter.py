@@ -12,15 +12,15 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from decoding.cost_model import CostModel
-from decoding.draft_head.network import DraftHead, HeadConfig
-from decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
-from decoding.drafters.head import HeadDrafter
-from decoding.drafters.length import AcceptanceStats
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.transformers_loader import from_transformers
-from decoding.kv_cache import PrefixCache
-from decoding.verify import SamplingParams
+from speculative_complete.decoding.cost_model import CostModel
+from speculative_complete.decoding.draft_head.network import DraftHead, HeadConfig
+from speculative_complete.decoding.drafters import AutoDrafter, load_head_drafter, make_drafter
+from speculative_complete.decoding.drafters.head import HeadDrafter
+from speculative_complete.decoding.drafters.length import AcceptanceStats
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.kv_cache import PrefixCache
+from speculative_complete.decoding.verify import SamplingParams
 from tests.support.draft_heads import own_sequences, tiny_head, trained_tiny_head
 from tests.support.greedy_cases import MAX_NEW, expected_output, make_case
 from tests.support.lean_forward import lean_loaded, plain_greedy_pass

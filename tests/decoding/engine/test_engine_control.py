@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.reference import plain_greedy
 from tests.support.tiny_models import loaded, tiny_model
 

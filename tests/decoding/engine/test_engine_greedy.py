@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from decoding.corpus_index import CorpusIndex
-from decoding.cost_model import CostModel
-from decoding.drafter_interface import Draft, Drafter
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.corpus_index import CorpusIndex
+from speculative_complete.decoding.cost_model import CostModel
+from speculative_complete.decoding.drafter_interface import Draft, Drafter
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.greedy_cases import MAX_NEW, expected_output, make_case, perturbed_copy
 from tests.support.reference import plain_greedy
 from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model

@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.verify import SamplingParams
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.verify import SamplingParams
 from tests.support.sampling import PROMPT, SAMPLES, chi_square_pvalue, exact_joint
 from tests.support.tiny_models import loaded, tiny_model
 

@@ -16,9 +16,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from decoding.drafters import make_drafter
-from decoding.engine.healing import BLANK, HealingIndex, PrefixConstraint, back_up, token_bytes_table
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.healing import (
+    BLANK,
+    HealingIndex,
+    PrefixConstraint,
+    back_up,
+    token_bytes_table,
+)
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from tests.support.tiny_models import loaded, tiny_model
 
 PIECES = [
@@ -400,7 +406,7 @@ def test_after_indentation_healing_writes_the_next_statement(default_model):
 def test_healing_and_the_prefix_cache_stay_exact(tiny_targets):
     """Known greedy continuations serve a healed prompt only where they spell the required text,
     and a token healing forced never enters the greedy chain that later requests reuse."""
-    from decoding.kv_cache import PrefixCache
+    from speculative_complete.decoding.kv_cache import PrefixCache
     from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))
@@ -432,7 +438,7 @@ def test_typing_on_inside_a_healed_word_answers_from_the_last_answer_exactly(tin
     """The same prompt asked again with more of the word typed (healing owes a longer text) is
     answered from what was decoded for the shorter text, with no pass, wherever that is what
     healing the longer text decodes; and always exactly that, after a deletion too."""
-    from decoding.kv_cache import PrefixCache
+    from speculative_complete.decoding.kv_cache import PrefixCache
     from tests.support.reference import plain_greedy
 
     index = HealingIndex(token_bytes_table(TOK, VOCAB))

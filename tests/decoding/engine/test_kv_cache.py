@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.kv_cache import PrefixCache, cache_length
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.kv_cache import PrefixCache, cache_length
 from tests.support.reference import plain_greedy
 from tests.support.tiny_models import TINY_VOCAB, loaded, tiny_model
 
@@ -276,8 +276,8 @@ def test_the_growing_cache_gives_the_stock_caches_logits_through_appends_and_cro
     import torch
     from transformers import DynamicCache
 
-    from decoding.forward.growing_cache import GrowingLayer, new_cache
-    from decoding.kv_cache import cache_nbytes
+    from speculative_complete.decoding.forward.growing_cache import GrowingLayer, new_cache
+    from speculative_complete.decoding.kv_cache import cache_nbytes
 
     model = target
     rng = random.Random(5)

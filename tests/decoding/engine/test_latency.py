@@ -13,9 +13,14 @@ from collections.abc import Callable
 
 import pytest
 
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.pacing import COLD_PREFILL_TOKENS, LONGEST_PASS_MS, PREFILL_PASS_MS, PrefillPace
-from decoding.kv_cache import PrefixCache
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.engine.pacing import (
+    COLD_PREFILL_TOKENS,
+    LONGEST_PASS_MS,
+    PREFILL_PASS_MS,
+    PrefillPace,
+)
+from speculative_complete.decoding.kv_cache import PrefixCache
 from tests.support.reference import plain_greedy
 from tests.support.tiny_models import loaded, tiny_model
 

@@ -1,4 +1,4 @@
-"""``decoding.engine.stops``: where a generation's text ends, decided on decoded text.
+"""``speculative_complete.decoding.engine.stops``: where a generation's text ends, decided on decoded text.
 
 The decoders here are real ones over small vocabularies: one of text pieces, and one of raw
 bytes decoded as UTF-8 the way byte-level tokenizers do (a character split across tokens reads
@@ -10,7 +10,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from decoding.engine.stops import Cut, EndingTokens, covered, cut_at_stop, tokens_before, whole_lines
+from speculative_complete.decoding.engine.stops import (
+    Cut,
+    EndingTokens,
+    covered,
+    cut_at_stop,
+    tokens_before,
+    whole_lines,
+)
 
 
 def pieces_decoder(pieces: Sequence[str]):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.engine.transformers_peer import TransformersDecoder
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.engine.transformers_peer import TransformersDecoder
 from tests.support.tiny_models import TINY_VOCAB, TinyTokenizer, loaded, tiny_model
 
 NEWLINE = TinyTokenizer().newline_id

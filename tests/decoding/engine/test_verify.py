@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from decoding.verify import SamplingParams, greedy_accept, sampling_probs, speculative_accept
+from speculative_complete.decoding.verify import (
+    SamplingParams,
+    greedy_accept,
+    sampling_probs,
+    speculative_accept,
+)
 
 
 def one_hot_logits(choices: list[int], vocab: int = 8) -> torch.Tensor:

@@ -18,12 +18,12 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from decoding.drafters import make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward import llama
-from decoding.forward.gguf_loader import from_gguf
-from decoding.forward.shapes import UnsupportedModel
-from decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.drafters import make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward import llama
+from speculative_complete.decoding.forward.gguf_loader import from_gguf
+from speculative_complete.decoding.forward.shapes import UnsupportedModel
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
 from tests.support.lean_forward import lean_loaded, plain_greedy_pass
 from tests.support.tiny_architectures import COMMON, VOCAB, tiny, write_gguf
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.forward.cpu_matmul import SmallBatchLinear, use_small_batch_linear
+from speculative_complete.decoding.forward.cpu_matmul import SmallBatchLinear, use_small_batch_linear
 from tests.support.tiny_models import TINY_VOCAB, tiny_model
 
 

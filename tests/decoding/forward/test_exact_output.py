@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine.healing import PrefixConstraint
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.models.loading import default_gguf_path
+from speculative_complete.decoding.drafters import load_head_drafter, make_drafter
+from speculative_complete.decoding.engine.healing import PrefixConstraint
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.models.loading import default_gguf_path
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = ["argparse.py", "json/decoder.py", "textwrap.py", "shlex.py", "fractions.py", "csv.py", "inspect.py"]

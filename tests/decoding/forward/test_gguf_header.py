@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
-from decoding.forward.gguf_header import GgufHeaderError, StringArray, read_header
-from decoding.models.loading import default_gguf_path
+from speculative_complete.decoding.forward.gguf_header import GgufHeaderError, StringArray, read_header
+from speculative_complete.decoding.models.loading import default_gguf_path
 
 
 def _same(mine: object, theirs: object) -> bool:

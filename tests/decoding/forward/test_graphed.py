@@ -1,4 +1,5 @@
-"""The fixed-width forward of ``decoding/forward/graphed.py``: eager on the CPU here, CUDA graphs on a GPU.
+"""The fixed-width forward of ``speculative_complete/decoding/forward/graphed.py``: eager on the CPU
+here, CUDA graphs on a GPU.
 
 Every test runs on the CPU (the pass without graphs), and again on CUDA where a GPU is present
 (graphs, bf16 and fp32): batch invariance bit for bit, speculative greedy equal to the model's own
@@ -12,12 +13,23 @@ import random
 import pytest
 import torch
 
-from decoding.drafters import load_head_drafter, make_drafter
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.graphed import DRAFT_WIDTHS, WIDTH, GraphedCache, GraphedForward, from_gguf_on_device
-from decoding.forward.graphed_weights import DenseProduct, Int4Product, device_product, int4_kernel_works
-from decoding.forward.transformers_loader import from_transformers
-from decoding.models.loading import LoadedModel
+from speculative_complete.decoding.drafters import load_head_drafter, make_drafter
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.graphed import (
+    DRAFT_WIDTHS,
+    WIDTH,
+    GraphedCache,
+    GraphedForward,
+    from_gguf_on_device,
+)
+from speculative_complete.decoding.forward.graphed_weights import (
+    DenseProduct,
+    Int4Product,
+    device_product,
+    int4_kernel_works,
+)
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.models.loading import LoadedModel
 from tests.support.draft_heads import trained_tiny_head
 from tests.support.greedy_cases import (
     MAX_NEW,
@@ -168,7 +180,7 @@ def test_a_draft_head_drafts_beside_the_graphed_forward_and_greedy_stays_exact(t
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dtype):
-    from decoding.models.loading import check_draft_compatible, load_model
+    from speculative_complete.decoding.models.loading import check_draft_compatible, load_model
     from tests.support.stdlib_prompts import stdlib_prompts
 
     target = load_model("default", device="cuda", dtype=dtype)
@@ -201,8 +213,8 @@ def test_the_default_model_runs_graphed_on_cuda_and_every_drafter_stays_exact(dt
 def dense_default():
     """The default GGUF dequantized for the graphed forward (``from_gguf(dense=True)``), on the
     CPU in fp32."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.models.loading import default_gguf_path
 
     return GraphedForward.from_lean(
         from_gguf(str(default_gguf_path()), dense=True), torch.device("cpu"), torch.float32, capacity=512
@@ -230,8 +242,8 @@ def test_the_default_models_dense_blocks_compute_what_its_quantized_forward_does
     real code (on torch's kernel, as here, they differ only by its bf16 activations; llama.cpp's
     kernels, which serve the file where built, quantize them to 8 bits): the weights' layout,
     rotary order and tied table are right."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.models.loading import default_gguf_path
     from tests.support.stdlib_prompts import stdlib_prompts
 
     dense = dense_default
@@ -296,9 +308,10 @@ def test_a_draft_forwards_one_row_step_computes_the_full_width_pass(device, dtyp
 
 @pytest.fixture(scope="module")
 def default_blocks():
-    """The default GGUF's blocks as ``decoding/forward/graphed_weights.py`` takes them."""
-    from decoding.forward.gguf_loader import GgufWeights
-    from decoding.models.loading import default_gguf_path
+    """The default GGUF's blocks as ``speculative_complete/decoding/forward/graphed_weights.py``
+    takes them."""
+    from speculative_complete.decoding.forward.gguf_loader import GgufWeights
+    from speculative_complete.decoding.models.loading import default_gguf_path
 
     return GgufWeights(str(default_gguf_path()), dense=False, kernels=False)
 
@@ -341,7 +354,7 @@ def test_the_default_gguf_on_the_device_path_is_its_quantized_model_and_stays_ex
     fingerprint (the shipped head finds it); its greedy tokens on real code mostly those of the
     quantized lean forward; every split of a sequence gives the same bits; speculative greedy
     with each drafter equals its own plain greedy."""
-    from decoding.models.loading import default_gguf_path
+    from speculative_complete.decoding.models.loading import default_gguf_path
     from tests.support.stdlib_prompts import stdlib_prompts
 
     forward = from_gguf_on_device(

@@ -1,11 +1,12 @@
-"""llama.cpp's kernels on the lean forward (``decoding/forward/native``): every GGUF type's product is the
-file's weights times the activations as llama.cpp quantizes them, each output computed alone
-(bit for bit the same in any pass), attention each row alone, and the output layer's greedy
-choice certified exact. The file's blocks are summed as ggml's vec_dot sums them (bit for bit);
-Q4_K and Q6_K weights packed at load (``kpacked.c``) are summed in another order, within a stated
-bound of the exact product, and a row in a pass of any size bit for bit as alone. CI builds the
-kernels (``.ci/run``); elsewhere these tests need ``python -m decoding.forward.native --build``;
-with ``LSP_NATIVE_VARIANT=avx2`` they test the AVX2 build (``--build --variant avx2``)."""
+"""llama.cpp's kernels on the lean forward (``speculative_complete/decoding/forward/native``): every
+GGUF type's product is the file's weights times the activations as llama.cpp quantizes them, each
+output computed alone (bit for bit the same in any pass), attention each row alone, and the output
+layer's greedy choice certified exact. The file's blocks are summed as ggml's vec_dot sums them (bit
+for bit); Q4_K and Q6_K weights packed at load (``kpacked.c``) are summed in another order, within a
+stated bound of the exact product, and a row in a pass of any size bit for bit as alone. CI builds
+the kernels (``.ci/run``); elsewhere these tests need ``python -m
+speculative_complete.decoding.forward.native --build``; with ``LSP_NATIVE_VARIANT=avx2`` they test
+the AVX2 build (``--build --variant avx2``)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,21 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
-from decoding.forward.native.linear import NativeLinear
-from decoding.forward.native.output_layer import NativeOutputLayer
-from decoding.forward.native.serving import built_kernels
-from decoding.forward.native.weights import Weight
+from speculative_complete.decoding.forward.native.linear import NativeLinear
+from speculative_complete.decoding.forward.native.output_layer import NativeOutputLayer
+from speculative_complete.decoding.forward.native.serving import built_kernels
+from speculative_complete.decoding.forward.native.weights import Weight
 from tests.support.quant_blocks import IN, INT4_KINDS, random_blocks
 
 NATIVE = built_kernels(os.environ.get("LSP_NATIVE_VARIANT", "native"))
 if NATIVE is None:
     if os.environ.get("CI"):
         raise RuntimeError(
-            "CI builds the native kernels before the tests: python -m decoding.forward.native --build"
+            "CI builds the native kernels before the tests: "
+            "python -m speculative_complete.decoding.forward.native --build"
         )
     pytest.skip(
-        "the native kernels are not built (python -m decoding.forward.native --build)",
+        "the native kernels are not built (python -m speculative_complete.decoding.forward.native --build)",
         allow_module_level=True,
     )
 
@@ -307,8 +309,8 @@ def test_every_layer_in_one_call_is_bit_for_bit_the_calls_one_by_one(arch, kind,
     """``NativeLayers`` (shipped) against the per-call path over the same file, for a prefill,
     steps and a verification pass: the same logits and the same cache, bit for bit. Qwen2's q
     and k come in rotate-half order with biases; Qwen3's head norms keep it on the calls."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.native.serving import kernels
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.native.serving import kernels
     from tests.support.tiny_architectures import tiny, write_gguf
 
     monkeypatch.setenv("LSP_NATIVE", "1")
@@ -392,8 +394,8 @@ def test_every_file_takes_the_native_kernels_where_built_unless_asked_otherwise(
     """The choice is the build's and ``LSP_NATIVE``'s, never a timing nor the file's types:
     products, attention and output layer all on the chosen kernels, and the forward computes
     the model either way."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.native.serving import kernels
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.native.serving import kernels
     from tests.support.tiny_architectures import VOCAB, tiny, write_gguf
 
     if setting is None:
@@ -488,8 +490,8 @@ def test_a_k_quant_model_computes_each_row_the_same_in_any_pass(tmp_path, monkey
     """A model of packed Q4_K and Q6_K weights end to end: the logits of a prefill, steps, verify
     passes and a pass after a crop, bit for bit whatever the split, and the every-layer call
     bit for bit the calls one by one."""
-    from decoding.forward.gguf_loader import from_gguf
-    from decoding.forward.native.serving import kernels
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.native.serving import kernels
 
     monkeypatch.setenv("LSP_NATIVE", "1")
     kernels.cache_clear()

@@ -12,10 +12,20 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
-from decoding.engine.loop import GenerationConfig, SpeculativeEngine
-from decoding.forward.llama import MAX_ATTENTION_ROWS, KVCache, LlamaForward, attention_row_floor
-from decoding.forward.quant.gguf_blocks import GROUP, decode_tensor, quantize_dense, supports_int4
-from decoding.forward.quant.layers import (
+from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
+from speculative_complete.decoding.forward.llama import (
+    MAX_ATTENTION_ROWS,
+    KVCache,
+    LlamaForward,
+    attention_row_floor,
+)
+from speculative_complete.decoding.forward.quant.gguf_blocks import (
+    GROUP,
+    decode_tensor,
+    quantize_dense,
+    supports_int4,
+)
+from speculative_complete.decoding.forward.quant.layers import (
     DenseLinear,
     Int4Linear,
     QuantizedOutputLayer,
@@ -24,7 +34,7 @@ from decoding.forward.quant.layers import (
     quantize_linears,
     ranked_terms,
 )
-from decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
 from tests.support.greedy_cases import (
     assert_speculative_greedy_is_plain_greedy,
     perturbed_copy,
@@ -299,7 +309,7 @@ def test_the_engine_asks_for_certified_greedy_choices_with_each_pass_of_a_greedy
 
 
 def test_the_transformers_peer_refuses_a_model_outside_transformers():
-    from decoding.engine.transformers_peer import TransformersDecoder
+    from speculative_complete.decoding.engine.transformers_peer import TransformersDecoder
 
     engine = SpeculativeEngine(lean_loaded(lean(9, 4)))
     with pytest.raises(ValueError, match="quantization"):

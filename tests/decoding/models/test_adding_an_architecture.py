@@ -14,11 +14,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.forward import architectures
-from decoding.forward.architectures import Architecture, gguf_architecture, transformers_architecture
-from decoding.forward.shapes import UnsupportedModel
-from decoding.forward.transformers_loader import from_transformers
-from decoding.models.discovery import gguf_facts
+from speculative_complete.decoding.forward import architectures
+from speculative_complete.decoding.forward.architectures import (
+    Architecture,
+    gguf_architecture,
+    transformers_architecture,
+)
+from speculative_complete.decoding.forward.shapes import UnsupportedModel
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.models.discovery import gguf_facts
 from tests.support.ggufs import write_gguf
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "adding-a-model-architecture.md"

@@ -16,9 +16,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
 
-from decoding.models import discovery
-from decoding.models.discovery import ModelNotFound, gguf_facts, resolve_model_spec
-from decoding.models.loading import default_gguf_path, load_model
+from speculative_complete.decoding.models import discovery
+from speculative_complete.decoding.models.discovery import ModelNotFound, gguf_facts, resolve_model_spec
+from speculative_complete.decoding.models.loading import default_gguf_path, load_model
 
 REPO = Path(__file__).resolve().parents[3]
 ENV_KEYS = (
@@ -323,7 +323,7 @@ def test_load_model_reads_an_ollama_blob_like_the_file_it_is(home, tmp_path, mon
 def list_models(env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
     return subprocess.run(
-        [sys.executable, "-m", "lsp_server", "--list-models"],
+        [sys.executable, "-m", "speculative_complete.lsp_server", "--list-models"],
         capture_output=True,
         text=True,
         timeout=120,

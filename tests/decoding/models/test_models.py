@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.forward.cpu_matmul import SmallBatchLinear
-from decoding.forward.transformers_loader import from_transformers
-from decoding.models import discovery
-from decoding.models.loading import (
+from speculative_complete.decoding.forward.cpu_matmul import SmallBatchLinear
+from speculative_complete.decoding.forward.transformers_loader import from_transformers
+from speculative_complete.decoding.models import discovery
+from speculative_complete.decoding.models.loading import (
     ModelLoadError,
     check_draft_compatible,
     load_model,
     resolve_device,
     resolve_dtype,
 )
-from lsp_server.stats import process_memory
+from speculative_complete.lsp_server.stats import process_memory
 from tests.support.tiny_models import TinyTokenizer, loaded, tiny_model
 
 
@@ -110,11 +110,11 @@ def test_a_draft_with_another_vocabulary_is_rejected():
 
 def test_a_pass_over_many_rows_gives_its_activations_back_to_the_os(monkeypatch):
     """The lean forward trims the heap after a pass of ``TRIM_ROWS`` rows or more (a prefill's
-    activations would stay resident otherwise: ``decoding/memory.py``), not after shorter ones;
-    trimming works where glibc is (a no-op elsewhere) and changes no result."""
-    import decoding.forward.llama as llama
-    from decoding.forward.transformers_loader import from_transformers
-    from decoding.memory import TRIM_ROWS, trim_heap
+    activations would stay resident otherwise: ``speculative_complete/decoding/memory.py``), not
+    after shorter ones; trimming works where glibc is (a no-op elsewhere) and changes no result."""
+    import speculative_complete.decoding.forward.llama as llama
+    from speculative_complete.decoding.forward.transformers_loader import from_transformers
+    from speculative_complete.decoding.memory import TRIM_ROWS, trim_heap
 
     trimmed = []
     monkeypatch.setattr(llama, "trim_heap", lambda: (trimmed.append(True), trim_heap()))

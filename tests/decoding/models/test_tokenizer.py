@@ -1,6 +1,7 @@
-"""``decoding/models/tokenizer.py`` against transformers' fast tokenizer on the same saved files: the
-embedded model's tokenizer, on real code and on edge cases, must encode, decode and name tokens
-exactly as transformers does, and a server on the default model must not import transformers."""
+"""``speculative_complete/decoding/models/tokenizer.py`` against transformers' fast tokenizer on the
+same saved files: the embedded model's tokenizer, on real code and on edge cases, must encode,
+decode and name tokens exactly as transformers does, and a server on the default model must not
+import transformers."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding.engine.healing import token_bytes_table
-from decoding.models.tokenizer import LeanTokenizer
+from speculative_complete.decoding.engine.healing import token_bytes_table
+from speculative_complete.decoding.models.tokenizer import LeanTokenizer
 
 TEXTS = [
     "def f(x):\n    return x + 1\n",
@@ -128,8 +129,8 @@ def test_a_server_on_the_default_model_does_not_import_transformers(default_mode
     """What keeps ~20 MB out of a ready server's memory (the model is cached by the fixture)."""
     code = (
         "import sys\n"
-        "from lsp_server.config import Settings\n"
-        "from lsp_server.local.loading import load_runtime\n"
+        "from speculative_complete.lsp_server.config import Settings\n"
+        "from speculative_complete.lsp_server.local.loading import load_runtime\n"
         "runtime = load_runtime(Settings())\n"
         "runtime.generate\n"
         "print(type(runtime.engine.target.tokenizer).__name__, 'transformers' in sys.modules)\n"
@@ -148,7 +149,7 @@ def test_a_gguf_s_first_load_builds_what_transformers_builds_from_it(tmp_path, m
     import gguf
     from transformers import AutoConfig, AutoTokenizer
 
-    from decoding.models.loading import default_gguf_path, load_model
+    from speculative_complete.decoding.models.loading import default_gguf_path, load_model
 
     path = default_gguf_path()
     folder, name = str(path.parent), path.name

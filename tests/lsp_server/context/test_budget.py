@@ -1,11 +1,12 @@
-"""``lsp_server.context.budget``: which rows before the cursor fit the prompt's token budget.
+"""``speculative_complete.lsp_server.context.budget``: which rows before the cursor fit the prompt's
+token budget.
 
 Costs here are words (``str.split``): a real, deterministic count that makes every budget below
 easy to check by hand. Outlines come from real tree-sitter parses or from plain text."""
 
 from __future__ import annotations
 
-from lsp_server.context.budget import (
+from speculative_complete.lsp_server.context.budget import (
     IMPORT_SHARE,
     MAX_SKIPS,
     MIN_LEFT,
@@ -14,7 +15,7 @@ from lsp_server.context.budget import (
     rows_text,
     select_rows,
 )
-from lsp_server.context.outline import Outline, Unit, text_outline
+from speculative_complete.lsp_server.context.outline import Outline, Unit, text_outline
 from tests.support.outlines import PYTHON, syntax_outline
 
 

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from decoding.kv_cache import common_prefix_length
-from lsp_server.context import fim
-from lsp_server.context.builder import ContextBuilder, ContextRequest
-from lsp_server.context.languages import detect, grammar
-from lsp_server.context.snippets import OpenDocument, SnippetIndex
-from lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
-from lsp_server.context.text import split_rows
-from lsp_server.context.tokens import Tokens
+from speculative_complete.decoding.kv_cache import common_prefix_length
+from speculative_complete.lsp_server.context import fim
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest
+from speculative_complete.lsp_server.context.languages import detect, grammar
+from speculative_complete.lsp_server.context.snippets import OpenDocument, SnippetIndex
+from speculative_complete.lsp_server.context.syntax import FULL_PARSE_CHARS, ParseCache, Window, window_for
+from speculative_complete.lsp_server.context.text import split_rows
+from speculative_complete.lsp_server.context.tokens import Tokens
 from tests.support.completion_items import item_for
 from tests.support.golden_cases import CASES, Golden
 from tests.support.lsp import tokenizer_source
@@ -506,7 +506,7 @@ def test_split_rows_breaks_at_newlines_only():
 
 
 def test_the_edit_diff_is_exact_across_chunks(monkeypatch):
-    from lsp_server.context import syntax
+    from speculative_complete.lsp_server.context import syntax
 
     monkeypatch.setattr(syntax, "_CHUNK", 4)
     rng = random.Random(7)

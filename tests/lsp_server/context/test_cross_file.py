@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from lsp_server.context import definitions
-from lsp_server.context.builder import ContextBuilder, ContextRequest
-from lsp_server.context.cross_file import DEFINITION_SHARE
-from lsp_server.context.edits import EditRing
-from lsp_server.context.snippets import OpenDocument
-from lsp_server.context.symbols import SymbolTable, extract
-from lsp_server.context.tokens import Tokens
-from lsp_server.workspace import WorkspaceIndex, WorkspaceLimits
+from speculative_complete.lsp_server.context import definitions
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest
+from speculative_complete.lsp_server.context.cross_file import DEFINITION_SHARE
+from speculative_complete.lsp_server.context.edits import EditRing
+from speculative_complete.lsp_server.context.snippets import OpenDocument
+from speculative_complete.lsp_server.context.symbols import SymbolTable, extract
+from speculative_complete.lsp_server.context.tokens import Tokens
+from speculative_complete.lsp_server.workspace import WorkspaceIndex, WorkspaceLimits
 from tests.support.lsp import tokenizer_source
 
 LEDGER = '''"""Ledgers of the harbor."""

@@ -18,13 +18,18 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from lsp_server.context import fim
-from lsp_server.context.builder import ContextBuilder, ContextRequest, Prompt
-from lsp_server.context.cross_file import DEFINITION_SHARE, EDIT_SHARE, REPO_SHARE, SNIPPET_SHARE
-from lsp_server.context.languages import SPECS
-from lsp_server.context.repo import FALLBACK_NAME, git_root, repository_for
-from lsp_server.context.snippets import OpenDocument, Snippet, file_body
-from lsp_server.context.tokens import Tokens
+from speculative_complete.lsp_server.context import fim
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest, Prompt
+from speculative_complete.lsp_server.context.cross_file import (
+    DEFINITION_SHARE,
+    EDIT_SHARE,
+    REPO_SHARE,
+    SNIPPET_SHARE,
+)
+from speculative_complete.lsp_server.context.languages import SPECS
+from speculative_complete.lsp_server.context.repo import FALLBACK_NAME, git_root, repository_for
+from speculative_complete.lsp_server.context.snippets import OpenDocument, Snippet, file_body
+from speculative_complete.lsp_server.context.tokens import Tokens
 from tests.support.lsp import tokenizer_source
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -1,12 +1,13 @@
-"""``lsp_server.context.outline``: the text before the cursor as header rows and units, from real
-tree-sitter trees of Python, JavaScript, Go, Rust and C, and from plain text."""
+"""``speculative_complete.lsp_server.context.outline``: the text before the cursor as header rows
+and units, from real tree-sitter trees of Python, JavaScript, Go, Rust and C, and from plain
+text."""
 
 from __future__ import annotations
 
 import tree_sitter
 
-from lsp_server.context.languages import grammar
-from lsp_server.context.outline import (
+from speculative_complete.lsp_server.context.languages import grammar
+from speculative_complete.lsp_server.context.outline import (
     MAX_IMPORT_WRAPPER_ROWS,
     Unit,
     is_definition,
@@ -15,7 +16,7 @@ from lsp_server.context.outline import (
     split_lines,
     text_outline,
 )
-from lsp_server.context.syntax import to_bytes
+from speculative_complete.lsp_server.context.syntax import to_bytes
 from tests.support.outlines import PYTHON, syntax_outline
 
 

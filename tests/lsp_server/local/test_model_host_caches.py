@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from lsp_server.config import Settings
-from lsp_server.context import Prompt
-from lsp_server.ending import Ending
-from lsp_server.local.loading import assemble_runtime, kv_share
-from lsp_server.local.local_runtime import MB, LocalRuntime
+from speculative_complete.lsp_server.config import Settings
+from speculative_complete.lsp_server.context import Prompt
+from speculative_complete.lsp_server.ending import Ending
+from speculative_complete.lsp_server.local.loading import assemble_runtime, kv_share
+from speculative_complete.lsp_server.local.local_runtime import MB, LocalRuntime
 from tests.support.tiny_models import loaded, tiny_model
 
 PROMPT = tuple(range(1, 60))  # within the tiny tokenizer, with no line end (one line is decoded)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.remote import EndpointConfig, RemoteEngine, RemoteRequest
-from lsp_server.remote.health import FIRST_BACKOFF_S
+from speculative_complete.lsp_server.remote import EndpointConfig, RemoteEngine, RemoteRequest
+from speculative_complete.lsp_server.remote.health import FIRST_BACKOFF_S
 from tests.support.fake_llama_server import Handler, Server, llama_events, sse
 
 LINE_END = RemoteRequest("def f(", max_tokens=8, stop=("\n",))

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.llama_server import LlamaServer, free_port, llama_server_binary
-from lsp_server.remote import EndpointConfig, RemoteEngine, RemoteRequest
-from lsp_server.remote.health import FIRST_BACKOFF_S
+from speculative_complete.lsp_server.remote import EndpointConfig, RemoteEngine, RemoteRequest
+from speculative_complete.lsp_server.remote.health import FIRST_BACKOFF_S
 from tests.support.llama_server import THREADS, gguf
 
 APIS = ("llama.cpp", "openai")

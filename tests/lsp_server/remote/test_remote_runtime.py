@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from lsp_server.config import Settings
-from lsp_server.context import ContextBuilder, ContextRequest, Prompt
-from lsp_server.ending import Ending
-from lsp_server.remote.chains import Chain, Chains, typed_along
-from lsp_server.remote.remote_runtime import RemoteRuntime
-from lsp_server.remote.tokenizer import CHARS_PER_TOKEN, Calibration
+from speculative_complete.lsp_server.config import Settings
+from speculative_complete.lsp_server.context import ContextBuilder, ContextRequest, Prompt
+from speculative_complete.lsp_server.ending import Ending
+from speculative_complete.lsp_server.remote.chains import Chain, Chains, typed_along
+from speculative_complete.lsp_server.remote.remote_runtime import RemoteRuntime
+from speculative_complete.lsp_server.remote.tokenizer import CHARS_PER_TOKEN, Calibration
 from tests.support.fake_llama_server import Server, llama_events, sse
 
 SOURCE = "import os\n\n\ndef main(argv):\n    path = os.path.join(argv[0], 'x')\n    return pa"
@@ -150,10 +150,10 @@ def test_a_remote_runtime_and_its_prompts_never_import_torch(server):
     script = textwrap.dedent(
         f"""
         import sys, time
-        from lsp_server.server import create_server
-        from lsp_server.config import from_cli
-        from lsp_server.model_host import load_engine_runtime
-        from lsp_server.context import ContextBuilder, ContextRequest
+        from speculative_complete.lsp_server.server import create_server
+        from speculative_complete.lsp_server.config import from_cli
+        from speculative_complete.lsp_server.model_host import load_engine_runtime
+        from speculative_complete.lsp_server.context import ContextBuilder, ContextRequest
         settings = from_cli(endpoint={server.url()!r}).settings
         create_server(from_cli(endpoint={server.url()!r}))
         runtime = load_engine_runtime(settings)

@@ -6,17 +6,28 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from lsp_server import config
-from lsp_server.context.builder import ContextBuilder, ContextRequest
-from lsp_server.context.tokens import Tokens
-from lsp_server.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
-from lsp_server.remote import EndpointConfig, EndpointError
-from lsp_server.remote.dialects import LlamaCppDialect, OpenAIDialect, dialect, parse_text, parse_tokens
-from lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
-from lsp_server.remote.health import FIRST_BACKOFF_S, MAX_BACKOFF_S, SOFT_FAILURES_FOR_OUTAGE, Health
-from lsp_server.remote.request import RemoteRequest
-from lsp_server.remote.sse import DONE, MalformedEvent, parse_line
-from lsp_server.remote.stats import EndpointStats
+from speculative_complete.lsp_server import config
+from speculative_complete.lsp_server.context.builder import ContextBuilder, ContextRequest
+from speculative_complete.lsp_server.context.tokens import Tokens
+from speculative_complete.lsp_server.endpoint import API_NAMES, insecure_reason, is_loopback, parse_base_url
+from speculative_complete.lsp_server.remote import EndpointConfig, EndpointError
+from speculative_complete.lsp_server.remote.dialects import (
+    LlamaCppDialect,
+    OpenAIDialect,
+    dialect,
+    parse_text,
+    parse_tokens,
+)
+from speculative_complete.lsp_server.remote.gate import Gate, gbnf_literal, prefix_grammar
+from speculative_complete.lsp_server.remote.health import (
+    FIRST_BACKOFF_S,
+    MAX_BACKOFF_S,
+    SOFT_FAILURES_FOR_OUTAGE,
+    Health,
+)
+from speculative_complete.lsp_server.remote.request import RemoteRequest
+from speculative_complete.lsp_server.remote.sse import DONE, MalformedEvent, parse_line
+from speculative_complete.lsp_server.remote.stats import EndpointStats
 from tests.support.lsp import tokenizer_source
 
 # -- settings -----------------------------------------------------------------------------------------
@@ -118,7 +129,7 @@ def test_secrets_are_not_repeated_in_problems():
 
 
 def test_the_cli_flags_have_the_settings_names():
-    from lsp_server.__main__ import REMOTE_FLAGS, parse_args
+    from speculative_complete.lsp_server.__main__ import REMOTE_FLAGS, parse_args
 
     args = parse_args(
         [

@@ -1,6 +1,7 @@
-"""``lsp_server.remote.transport``: the pooled HTTP client on its loop thread, against real servers
-on loopback: streams, redirects, error statuses, timeouts, refused and broken connections, TLS,
-cancellation; and the pure parts (timeouts, messages, redirect rules) on their own."""
+"""``speculative_complete.lsp_server.remote.transport``: the pooled HTTP client on its loop thread,
+against real servers on loopback: streams, redirects, error statuses, timeouts, refused and broken
+connections, TLS, cancellation; and the pure parts (timeouts, messages, redirect rules) on their
+own."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from lsp_server.endpoint import EndpointConfig
-from lsp_server.remote import transport
-from lsp_server.remote.transport import LoopThread, TransportError
+from speculative_complete.lsp_server.endpoint import EndpointConfig
+from speculative_complete.lsp_server.remote import transport
+from speculative_complete.lsp_server.remote.transport import LoopThread, TransportError
 from tests.support.fake_llama_server import sse
 from tests.support.remote_server import (
     HttpServer,

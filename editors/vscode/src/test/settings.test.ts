@@ -27,7 +27,7 @@ describe('the server command', () => {
     });
   });
 
-  it('runs python -m lsp_server when a Python interpreter is set, whatever the server path', () => {
+  it('runs python -m speculative_complete.lsp_server once a Python path is set, whatever serverPath', () => {
     const launch = launchSettings({
       serverPath: 'ignored',
       pythonPath: '/usr/bin/python3',
@@ -35,7 +35,7 @@ describe('the server command', () => {
     });
     assert.deepEqual(serverCommand(launch), {
       command: '/usr/bin/python3',
-      args: ['-m', 'lsp_server', '--stdio', '-x'],
+      args: ['-m', 'speculative_complete.lsp_server', '--stdio', '-x'],
     });
   });
 

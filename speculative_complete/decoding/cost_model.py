@@ -1,0 +1,112 @@
+"""What a target pass costs, in single-token steps: a prior table per device, replaced by
+live measurements as passes are timed.
+
+The engine times its passes into a ``CostModel`` and the drafters price their drafts with one
+(``speculative_complete.decoding.drafters.length``: how long a draft should be). On the 2-core CPU the cost
+is far from flat (2 or 4 tokens cost about one step, 8 tokens 1.6, 9 and more 2), so the costs
+are measured while serving rather than assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+# Relative cost of one target pass over n tokens, measured with SmolLM2-135M fp32 on the 2-core
+# CPU with the small-batch layers of ``cpu_matmul.py`` (the passes of 64 tokens and more, timed
+# with one logits row, price the drafts that ride on a prefill); replaced by live measurements as
+# passes are timed.
+CPU_PRIOR = {
+    1: 1.0,
+    2: 1.05,
+    3: 1.25,
+    4: 1.1,
+    5: 1.3,
+    6: 1.5,
+    8: 1.57,
+    9: 1.8,
+    10: 2.15,
+    16: 2.25,
+    24: 2.45,
+    32: 2.8,
+    64: 3.8,
+    128: 5.6,
+    256: 9.1,
+    512: 18.6,
+}
+ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
+# A draft riding on a prefill pass of at least this many tokens is priced by the rows it adds.
+RIDING_MIN_TOKENS = 16
+
+
+def _interpolate(table: dict[int, float], n: int) -> float:
+    if n in table:
+        return table[n]
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]] * n / keys[-1]
+    lo = max(k for k in keys if k < n)
+    hi = min(k for k in keys if k > n)
+    return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+
+
+def ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    """An exponential moving average: ``new`` itself when there is no ``old`` yet."""
+    return new if old is None else old + weight * (new - old)
+
+
+@dataclass
+class CostModel:
+    """Milliseconds per target pass by number of tokens fed, as an exponential moving average."""
+
+    prior: dict[int, float] = field(default_factory=lambda: dict(CPU_PRIOR))
+    smoothing: float = 0.2
+    measured_ms: dict[int, float] = field(default_factory=dict)
+    riding_on: int = 0  # tokens of the prefill pass a draft would ride on (0: a decode step)
+
+    @classmethod
+    def for_device(cls, device_type: str, prior: dict[int, float] | None = None) -> CostModel:
+        """The device's default prior, or the pass's own (``ModelPass.cost_prior``) when it has one."""
+        if prior is None:
+            prior = CPU_PRIOR if device_type == "cpu" else ACCELERATOR_PRIOR
+        return cls(prior=dict(prior))
+
+    def record(self, n_tokens: int, ms: float) -> None:
+        self.measured_ms[n_tokens] = ema(self.measured_ms.get(n_tokens), ms, self.smoothing)
+
+    @property
+    def step_ms(self) -> float | None:
+        return self.measured_ms.get(1)
+
+    def relative(self, n_tokens: int) -> float:
+        """Cost of a pass over ``n_tokens`` in single-token steps (1.0 for one token)."""
+        one = self.measured_ms.get(1)
+        here = self.measured_ms.get(n_tokens)
+        if one and here:
+            return here / one
+        return _interpolate(self.prior, n_tokens)
+
+    def verify(self, k: int) -> float:
+        """Cost of the pass that verifies ``k`` drafted tokens, in single-token steps.
+
+        In decoding that is a pass over k+1 tokens. A draft riding on a prefill pass of n tokens
+        costs only the rows it adds to a pass that runs anyway (on the CPU a few hundredths of a
+        step each), so there even a weak draft is worth sending: it is priced as one step plus
+        that difference, from the prior table (a long pass is rarely timed at the same length).
+        """
+        n = self.riding_on
+        if n < RIDING_MIN_TOKENS:
+            return self.relative(k + 1)
+        return 1.0 + max(0.0, _interpolate(self.prior, n + k) - _interpolate(self.prior, n))
+
+    @contextlib.contextmanager
+    def riding(self, prefill_tokens: int) -> Iterator[None]:
+        """Price drafts proposed inside this block as riding on a prefill pass of that length."""
+        saved, self.riding_on = self.riding_on, prefill_tokens
+        try:
+            yield
+        finally:
+            self.riding_on = saved

@@ -1,0 +1,157 @@
+"""A small draft model sharing the target's vocabulary, with its own KV cache.
+
+The cache is kept between proposals and rolled back by comparing the sequence the engine passes
+in with the tokens the cache holds: rejected draft tokens are cropped off, accepted ones are
+already there, and only the target's correction token has to be fed. With sessions (documents),
+each keeps its own cache in a ``PrefixCache``, so switching documents doesn't re-feed a prompt.
+
+The draft's output layer may be another size than the target's over the same tokenizer (Qwen2.5-Coder
+0.5B has fewer rows than 7B, which it drafts for): its logits are fitted to the target's width
+before a token is chosen, so it never proposes an id the target has no row for, and its q rows
+are the target's width, with probability 0 where the draft has no row. Ids the target writes that
+the draft has no embedding for are fed to it clamped: it drafts worse after them, never wrongly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from speculative_complete.decoding.cost_model import CostModel, ema
+from speculative_complete.decoding.drafter_interface import Draft, Drafter
+from speculative_complete.decoding.drafters.length import AcceptanceStats, best_draft_length
+from speculative_complete.decoding.kv_cache import PrefixCache, common_prefix_length
+from speculative_complete.decoding.models.loading import LoadedModel
+from speculative_complete.decoding.verify import SamplingParams, sample, sampling_probs
+
+
+class ModelDrafter(Drafter):
+    name = "model"
+
+    def __init__(
+        self,
+        draft: LoadedModel,
+        max_draft: int = 8,
+        cost: CostModel | None = None,
+        session_cache_bytes: int = 0,
+        target_vocab: int | None = None,
+    ) -> None:
+        self.draft = draft
+        # The target's output size: the ids it can verify, and the width of q (None: the draft's).
+        self.target_vocab = int(target_vocab or draft.vocab_size)
+        self.max_draft = max_draft
+        self.cost = cost or CostModel.for_device(draft.device.type)
+        self.stats = AcceptanceStats(priors={0: 0.6})
+        self.step_ms: float | None = None  # EMA of one single-token draft step
+        self._sampling = SamplingParams()
+        self._generator: torch.Generator | None = None
+        self._cache: Any = None  # the draft's ModelPass cache
+        self._cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self._session: str | None = None
+        self._ticket: int | None = None  # the live session's loan from ``sessions``
+        self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
+
+    def begin(
+        self,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        session: str | None = None,
+    ) -> None:
+        self._sampling, self._generator = sampling, generator
+        if session is None or session == self._session:
+            return
+        if self._session is not None and self._cache is not None:
+            self.sessions.put(self._session, self._cached, self._cache, ticket=self._ticket)
+        self._session = session
+        borrowed = self.sessions.take(session, prompt)
+        self._cache, self._cached = borrowed.cache, list(prompt[: borrowed.reused])
+        self._ticket = borrowed.ticket
+
+    def forget(self, session: str) -> None:
+        """The session's document was closed: its cache, parked or live, is dropped."""
+        self.sessions.drop(session)
+        if session == self._session:
+            self._session, self._cache, self._cached, self._ticket = None, None, [], None
+
+    @property
+    def relative_cost(self) -> float:
+        """One draft step in target single-token steps; a guess until both have been timed."""
+        target = self.cost.step_ms
+        return self.step_ms / target if (self.step_ms and target) else 0.5
+
+    def cached_tokens(self) -> list[int]:
+        return list(self._cached)
+
+    def tokens_behind(self, tokens: Sequence[int]) -> int:
+        """How many tokens of ``tokens`` would have to be fed before drafting could start."""
+        return len(tokens) - min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+
+    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Feed ``tokens``; the next-token logits over the target's ids (``_fit``)."""
+        logits = self.draft.forward(self._feedable(tokens), self._cache, keep=1)
+        self._cached.extend(tokens)
+        return self._fit(logits[-1])
+
+    def _feedable(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` with ids past the draft's table clamped to its last row: the cache then
+        depends on the token sequence alone, so rolling it back by comparing tokens stays right."""
+        last = self.draft.vocab_size - 1
+        return [min(int(token), last) for token in tokens]
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` cut or padded to the target's width: the draft's ids the target lacks are
+        dropped before choosing, and the ids the draft lacks get -inf (probability 0 in q)."""
+        width = logits.shape[-1]
+        if width >= self.target_vocab:
+            return logits[..., : self.target_vocab]
+        pad = logits.new_full((*logits.shape[:-1], self.target_vocab - width), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""
+        keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+        if self._cache is None or keep == 0:
+            self._cache, self._cached = self.draft.forward.new_cache(), []
+        elif keep < len(self._cached):
+            self._cache.crop(keep - len(self._cached))
+            del self._cached[keep:]
+        return self._forward(tokens[len(self._cached) :])
+
+    @torch.inference_mode()
+    def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:
+        """Draft ``k`` tokens (fewer if the draft model ends the text)."""
+        if k <= 0 or not tokens:
+            return Draft(source=self.name)
+        logits = self._sync(tokens)
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        eos = self.draft.end_token_ids
+        for i in range(k):
+            if self._sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = sampling_probs(logits, self._sampling)
+                token = sample(q, self._generator)
+                rows.append(q)
+            drafted.append(token)
+            if i == k - 1 or token in eos:
+                break
+            started = time.perf_counter()
+            logits = self._forward([token])
+            ms = (time.perf_counter() - started) * 1000
+            self.step_ms = ema(self.step_ms, ms)
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens=drafted, probs=probs, source=self.name)
+
+    def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
+        k, _ = best_draft_length(
+            self.stats.alpha(), min(max_len, self.max_draft), self.cost, draft_cost=self.relative_cost
+        )
+        return self.propose_exactly(tokens, k)
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        self.stats.update(0, accepted, len(draft))
