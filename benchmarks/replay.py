@@ -77,7 +77,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "speculation_only": {"kvCacheMb": 0, "typeAhead": False, "prefetch": False},
     "reuse_only": {"drafter": "none"},
     "no_workspace": {"workspaceIndexMb": 0},  # with --workspace: shipped without the workspace index
-    "no_cross_file": {"crossFileContext": False},  # shipped without other files' definitions and edits
+    "cross_file": {"crossFileContext": True},  # shipped with other files' definitions and edits
     "no_head": {"draftHead": "none"},  # shipped without the draft head
     "transformers_forward": {"quantization": "none"},  # shipped on transformers' forward (dequantized)
     # The peer server: llama.cpp's llama-server on the same GGUF, driven by LlamaServerClient (these

@@ -65,7 +65,10 @@ class Settings:
     max_lines: int = 12  # the most lines a multi-line suggestion spans
     fim_template: str = "auto"  # a style, auto (from the tokenizer), none, or "...{prefix}...{suffix}..."
     neighbor_snippets: int = 2  # snippets from other open documents in the prompt
-    cross_file_context: bool = True  # definitions of the names near the cursor, other files' recent edits
+    # Definitions of the names near the cursor and other files' recent edits: off, since on the
+    # real Qwen2.5-Coder-1.5B and the default model they cost more exact lines than they bring
+    # at this context size (benchmarks/README.md, repo_quality.py).
+    cross_file_context: bool = False
     token_healing: bool = True
     workspace_index_mb: int = 8  # the workspace's files as a draft source (MB of text); 0: off
     # A remote engine (speculative_complete/lsp_server/remote): None decodes locally; nothing

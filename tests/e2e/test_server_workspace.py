@@ -184,8 +184,8 @@ async def test_on_the_real_model_workspace_drafts_are_verified_and_change_nothin
     for mb in (8, 0):
         client, _, _ = await start_in(
             # The draft head off: it competes for the same steps, and this is about the corpus's
-            # drafts. Cross-file context off: the index's definitions would change the prompt
-            # (what they do as shipped: ``test_on_the_real_model_a_function_from_another_file...``).
+            # drafts. Cross-file context off, as shipped: the index's definitions would change the
+            # prompt (``test_on_the_real_model_a_function_from_another_file...`` turns them on).
             project,
             options={
                 "workspaceIndexMb": mb,
@@ -216,14 +216,19 @@ CALLER = "import spindle_cobalt_0\n\n\ndef run(rows):\n    result = spindle_coba
 
 
 async def test_definitions_from_the_workspace_and_edits_elsewhere_reach_the_prompt(tmp_path):
-    """Through the server: a workspace file's definitions (read from disk, not open) and a region
-    just edited in another open document are in the prompt (the answered prompts' excerpts)."""
+    """Through the server: as shipped (``crossFileContext`` off) no other file reaches the prompt;
+    turned on, a workspace file's definitions (read from disk, not open) and a region just edited in
+    another open document are in the prompt (the answered prompts' excerpts)."""
     (tmp_path / "spindle_cobalt_0.py").write_text(LEDGER)
     client, _, _ = await start_in(tmp_path, options={"neighborSnippets": 0})
     try:
         await index_stats(client, lambda s: s["definitions"] == 1)
         caller = from_fs_path(str(tmp_path / "main.py"))
         h.open_document(client, CALLER, uri=caller)
+        await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
+        assert (await h.stats(client))["excerpts"] == {"definition": 0, "similar": 0, "edit": 0}
+
+        await h.configure(client, {"lspServer": {"crossFileContext": True}})
         await h.inline(client, CALLER.count("\n"), len(CALLER.splitlines()[-1]), uri=caller)
         assert (await h.stats(client))["excerpts"] == {"definition": 1, "similar": 0, "edit": 0}
 
