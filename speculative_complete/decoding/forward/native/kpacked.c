@@ -192,18 +192,22 @@ static ALWAYS_INLINE const block_q8_K *act(const char *xq, size_t xq_bytes, int 
     return (const block_q8_K *) (xq + r * xq_bytes) + b;
 }
 
-// Ask for the group block's bytes LSQ_PREFETCH_BYTES ahead (krows.h's distance).
-static ALWAYS_INLINE void ahead_of(const uint8_t *p, size_t size) {
-    for (size_t line = 0; line < size; line += 64) __builtin_prefetch(p + LSQ_PREFETCH_BYTES + line, 0, 3);
+// Ask for slice i of n of the group block at p, LSQ_PREFETCH_BYTES ahead (krows.h's distance): one
+// slice per sub-block, so that the requests keep pace with the sums. All of a block's asked for at
+// its start left the memory idle while the rows of a verify pass were being summed.
+static ALWAYS_INLINE void ahead_of(const uint8_t *p, size_t block, int i, int n) {
+    lsq_ahead(p + i * (block / n), block / n);
 }
 
 #if defined(PACKED_512)
 
 // One Q4_K group (16 weight rows) against nr activation rows. Per sub-block of 32 inputs, each
-// register of 64 weight bytes gives two registers of 16 rows x 4 inputs (low and high nibbles),
-// each multiplied with the row's 4 activations broadcast (dpbusd: exact int32 sums); the
-// sub-block's sum times its scale (mullo); the mins' sum of pairs (dpwssd); two fused float
-// operations a block.
+// register of 64 weight bytes gives two registers of 16 rows x 4 inputs (low and high nibbles);
+// the sub-block's eight are unpacked once for every row, each multiplied with the row's 4
+// activations broadcast (dpbusd: exact int32 sums); the sub-block's two halves times its scale
+// (one dpwssd: a mullo there, ten cycles of latency on each row's chain, held the passes of
+// several rows well below what the multiply-adds allow); the mins' sum of pairs (dpwssd); two
+// fused float operations a block.
 static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, size_t xq_bytes, const int32_t *ex,
                                      size_t ex_row, const int nr, const int ahead, float *y, size_t ldy) {
     const int nb = n / QK_K;
@@ -212,34 +216,40 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t) b * Q4K_BLOCK;
-        if (ahead) ahead_of(blk, Q4K_BLOCK);
         __m512i isum[LSQ_PACKED_ACT_ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            __m512i s[LSQ_PACKED_ACT_ROWS];
-            for (int r = 0; r < nr; r++) s[r] = _mm512_setzero_si512();
+            if (ahead) ahead_of(blk, Q4K_BLOCK, j, 8);
+            __m512i q[8];
             for (int t = 0; t < 4; t++) {
                 const __m512i v = _mm512_load_si512(blk + Q4K_QS + (j * 4 + t) * 64);
-                const __m512i lo = _mm512_and_si512(v, m4);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                for (int r = 0; r < nr; r++) {
-                    const int8_t *x = act(xq, xq_bytes, r, b)->qs + 32 * j + 4 * t;
-                    s[r] = _mm512_dpbusd_epi32(s[r], lo, _mm512_set1_epi32(load_i32(x)));
-                    s[r] = _mm512_dpbusd_epi32(s[r], hi, _mm512_set1_epi32(load_i32(x + 16)));
-                }
+                q[2 * t] = _mm512_and_si512(v, m4);
+                q[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *) (blk + Q4K_SC + 16 * j)));
-            for (int r = 0; r < nr; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s[r], sc));
+            // The scale in both 16-bit halves of its row's lane.
+            const __m512i sc32 = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *) (blk + Q4K_SC + 16 * j)));
+            const __m512i sc = _mm512_or_si512(sc32, _mm512_slli_epi32(sc32, 16));
+            for (int r = 0; r < nr; r++) {
+                const int8_t *x = act(xq, xq_bytes, r, b)->qs + 32 * j;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int t = 0; t < 4; t++) {
+                    s0 = _mm512_dpbusd_epi32(s0, q[2 * t], _mm512_set1_epi32(load_i32(x + 4 * t)));
+                    s1 = _mm512_dpbusd_epi32(s1, q[2 * t + 1], _mm512_set1_epi32(load_i32(x + 16 + 4 * t)));
+                }
+                // Each half's sum of 16 inputs fits 16 bits (|s| <= 16 * 15 * 128): both in one lane,
+                // times the scale and added by one dpwssd.
+                const __m512i halves = _mm512_mask_mov_epi16(s0, 0xAAAAAAAA, _mm512_slli_epi32(s1, 16));
+                isum[r] = _mm512_dpwssd_epi32(isum[r], halves, sc);
+            }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *) (blk + Q4K_D)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *) (blk + Q4K_DMIN)));
+        __m512i mins[4];
+        for (int k = 0; k < 4; k++) mins[k] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *) (blk + Q4K_MIN + 32 * k)));
         for (int r = 0; r < nr; r++) {
             const int32_t *pairs = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + 16;
             __m512i msum = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
-                const __m512i mins = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *) (blk + Q4K_MIN + 32 * k)));
-                msum = _mm512_dpwssd_epi32(msum, mins, _mm512_set1_epi32(pairs[k]));
-            }
+            for (int k = 0; k < 4; k++) msum = _mm512_dpwssd_epi32(msum, mins[k], _mm512_set1_epi32(pairs[k]));
             const __m512 dx = _mm512_set1_ps(act(xq, xq_bytes, r, b)->d);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[r]), acc[r]);
             acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), acc[r]);
@@ -261,10 +271,10 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t) b * Q6K_BLOCK;
-        if (ahead) ahead_of(blk, Q6K_BLOCK);
         __m512i isum[LSQ_PACKED_ACT_ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
         for (int k = 0; k < 16; k++) {
+            if (ahead) ahead_of(blk, Q6K_BLOCK, k, 16);
             const __m512i l0 = _mm512_load_si512(blk + Q6K_QL + (2 * k) * 64);
             const __m512i l1 = _mm512_load_si512(blk + Q6K_QL + (2 * k + 1) * 64);
             const __m512i h = _mm512_load_si512(blk + Q6K_QH + k * 64);
@@ -310,10 +320,10 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t) b * Q4K_BLOCK;
-        if (ahead) ahead_of(blk, Q4K_BLOCK);
         __m256i isum[LSQ_PACKED_ACT_ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
+            if (ahead) ahead_of(blk, Q4K_BLOCK, j, 8);
             __m256i s[LSQ_PACKED_ACT_ROWS];
             for (int r = 0; r < nr; r++) s[r] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
@@ -363,10 +373,10 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t) b * Q6K_BLOCK;
-        if (ahead) ahead_of(blk, Q6K_BLOCK);
         __m256i isum[LSQ_PACKED_ACT_ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
         for (int m = 0; m < 8; m++) {
+            if (ahead) ahead_of(blk, Q6K_BLOCK, m, 8);
             // The pair's scales per lane: (sc_2m, sc_2m + 1), and each repeated in both halves.
             const __m128i raw = _mm_load_si128((const __m128i *) (blk + Q6K_SC + 16 * m));
             const __m256i pair = _mm256_cvtepi8_epi16(raw);
@@ -417,18 +427,25 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
                                           size_t er, float *y, size_t ldy) {                                \
         kernel(n, w, xq, xb, ex, er, rows, ahead, y, ldy);                                                  \
     }
-#if LSQ_PACKED_ACT_ROWS == 4
+#define GROUP_PAIR(kernel, rows) GROUP_FUNCTION(kernel, rows, 0) GROUP_FUNCTION(kernel, rows, 1)
+#if LSQ_PACKED_ACT_ROWS == 8
 #define GROUP_FUNCTIONS(kernel)                                                                             \
-    GROUP_FUNCTION(kernel, 1, 0) GROUP_FUNCTION(kernel, 2, 0) GROUP_FUNCTION(kernel, 3, 0)                  \
-    GROUP_FUNCTION(kernel, 4, 0) GROUP_FUNCTION(kernel, 1, 1) GROUP_FUNCTION(kernel, 2, 1)                  \
-    GROUP_FUNCTION(kernel, 3, 1) GROUP_FUNCTION(kernel, 4, 1)                                               \
+    GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2) GROUP_PAIR(kernel, 3) GROUP_PAIR(kernel, 4)                 \
+    GROUP_PAIR(kernel, 5) GROUP_PAIR(kernel, 6) GROUP_PAIR(kernel, 7) GROUP_PAIR(kernel, 8)                 \
+    static const lsq_packed_kernel_t kernel##_by_rows[2][LSQ_PACKED_ACT_ROWS + 1] = {                       \
+        {NULL, kernel##_1_0, kernel##_2_0, kernel##_3_0, kernel##_4_0, kernel##_5_0, kernel##_6_0,           \
+         kernel##_7_0, kernel##_8_0},                                                                       \
+        {NULL, kernel##_1_1, kernel##_2_1, kernel##_3_1, kernel##_4_1, kernel##_5_1, kernel##_6_1,           \
+         kernel##_7_1, kernel##_8_1}};
+#elif LSQ_PACKED_ACT_ROWS == 4
+#define GROUP_FUNCTIONS(kernel)                                                                             \
+    GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2) GROUP_PAIR(kernel, 3) GROUP_PAIR(kernel, 4)                 \
     static const lsq_packed_kernel_t kernel##_by_rows[2][LSQ_PACKED_ACT_ROWS + 1] = {                       \
         {NULL, kernel##_1_0, kernel##_2_0, kernel##_3_0, kernel##_4_0},                                     \
         {NULL, kernel##_1_1, kernel##_2_1, kernel##_3_1, kernel##_4_1}};
 #else
 #define GROUP_FUNCTIONS(kernel)                                                                             \
-    GROUP_FUNCTION(kernel, 1, 0) GROUP_FUNCTION(kernel, 2, 0) GROUP_FUNCTION(kernel, 1, 1)                  \
-    GROUP_FUNCTION(kernel, 2, 1)                                                                            \
+    GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2)                                                             \
     static const lsq_packed_kernel_t kernel##_by_rows[2][LSQ_PACKED_ACT_ROWS + 1] = {                       \
         {NULL, kernel##_1_0, kernel##_2_0}, {NULL, kernel##_1_1, kernel##_2_1}};
 #endif

@@ -7,9 +7,10 @@
 // Added to a GGML type id: the weight's rows are packed (lsq_pack), not the file's blocks.
 #define LSQ_PACKED 0x10000
 
-// Activation rows a packed kernel takes at once (the rest of a pass in further calls).
+// Activation rows a packed kernel takes at once (the rest of a pass in further calls). AVX-512's
+// 32 registers hold eight rows' sums: a verify pass of up to eight rows walks the weights once.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define LSQ_PACKED_ACT_ROWS 4
+#define LSQ_PACKED_ACT_ROWS 8
 #else
 #define LSQ_PACKED_ACT_ROWS 2
 #endif
