@@ -437,19 +437,11 @@ def format_table(payload: dict[str, Any]) -> str:
 
 # -- main -------------------------------------------------------------------------------------------
 def resolve_model(spec: str) -> Path:
-    """A GGUF path, or a name from ``benchmarks/real_models.py``."""
-    if spec in real_models.MODELS:
-        try:
-            return real_models.path(spec)
-        except real_models.RealModelError as exc:
-            raise SystemExit(f"humaneval: {exc}") from exc
-    path = Path(spec)
-    if not (path.suffix == ".gguf" and path.is_file()):
-        raise SystemExit(
-            f"humaneval: --model must be a .gguf file (both systems run it) or one of "
-            f"{', '.join(real_models.MODELS)}"
-        )
-    return path
+    """A GGUF path (both systems run it), or a name from ``benchmarks/real_models.py``."""
+    try:
+        return real_models.resolve(spec)
+    except real_models.RealModelError as exc:
+        raise SystemExit(f"humaneval: {exc}") from exc
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,15 +1,15 @@
 """Speed and memory on real GGUF files, ours against llama.cpp's server on the same file.
 
 For each model file: our lean forward on each kernel backend (``native``: llama.cpp's kernels
-through ``speculative_complete/decoding/forward/native``, Q4_K and Q6_K rows packed at load;
-``blocks``: the same kernels on the file's own blocks, ``LSP_NATIVE_PACK=0``; ``torch``: torch's
-4-bit kernel, ``LSP_NATIVE=0``), each in a process of its own (load time, resident memory with the
-model warm and the freed heap given back as the server's worker does between requests, a decode step
-and verify passes over 2, 4 and 8 tokens after ``--context`` tokens, a prefill of ``--context``
-tokens), and llama-server (2 threads, the same file) on the same random prompt: its load time,
-resident memory, prefill and decode per token from its own ``timings``. The file is read through
-once first, so that every load finds it in the page cache; backends and the peer take turns in an
-order reversed round by round; each figure is the median over rounds.
+through ``speculative_complete/decoding/forward/native``, Q4_K, Q6_K (and on AVX-512 Q5_0) rows
+packed at load; ``blocks``: the same kernels on the file's own blocks, ``LSP_NATIVE_PACK=0``;
+``torch``: torch's 4-bit kernel, ``LSP_NATIVE=0``), each in a process of its own (load time,
+resident memory with the model warm and the freed heap given back as the server's worker does
+between requests, a decode step and verify passes over 2, 4 and 8 tokens after ``--context`` tokens,
+a prefill of ``--context`` tokens), and llama-server (2 threads, the same file) on the same random
+prompt: its load time, resident memory, prefill and decode per token from its own ``timings``. The
+file is read through once first, so that every load finds it in the page cache; backends and the
+peer take turns in an order reversed round by round; each figure is the median over rounds.
 
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
@@ -113,7 +113,8 @@ def run_ours(path: Path, backend: str, args: argparse.Namespace) -> dict[str, An
     return result
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` POSTed to a llama-server endpoint; its JSON answer."""
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as answer:
         return json.loads(answer.read())
@@ -162,7 +163,7 @@ def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
             "cache_prompt": False,
             "ignore_eos": True,
         }
-        timings = _post(f"{server.url}/completion", body)["timings"]
+        timings = post_json(f"{server.url}/completion", body)["timings"]
         assert server.process is not None
         return {
             "load_s": load_s,

@@ -22,7 +22,6 @@ import json
 import logging
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from typing import Any
 from benchmarks.decode_bench import PromptSource, stdlib_files
 from benchmarks.humaneval import machine
 from benchmarks.llama_server import LlamaServer
-from benchmarks.real_models import path as real_model_path
+from benchmarks.models_bench import post_json
+from benchmarks.real_models import RealModelError, resolve
 from speculative_complete.decoding.drafters import Drafter, load_head_drafter, make_drafter
 from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from speculative_complete.decoding.models.loading import check_draft_compatible, load_model
@@ -85,7 +85,7 @@ class Ours:
     as the server's one drafter does across requests)."""
 
     def __init__(self, target: Path, draft: Path, methods: list[str]) -> None:
-        self.target, self.draft = load_model(str(target)), load_model(str(draft))
+        self.target, self.draft = load_model(str(target)), load_model(str(draft), draft=True)
         check_draft_compatible(self.target, self.draft)
         self.engine = SpeculativeEngine(self.target)
         head = load_head_drafter(self.target, "auto", cost=self.engine.cost)
@@ -109,12 +109,6 @@ class Ours:
         )
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())
-
-
 def peer_run(server: LlamaServer, method: str, ids: list[int], max_new_tokens: int) -> Run:
     """llama-server's greedy continuation of the same token ids, its cache off (a cold prompt, as
     ours), its own timings."""
@@ -125,7 +119,7 @@ def peer_run(server: LlamaServer, method: str, ids: list[int], max_new_tokens: i
         "cache_prompt": False,
         "return_tokens": True,
     }
-    answer = _post(f"{server.url}/completion", body)
+    answer = post_json(f"{server.url}/completion", body)
     timings = answer["timings"]
     tokens = int(timings["predicted_n"])
     return Run(
@@ -140,7 +134,10 @@ def peer_run(server: LlamaServer, method: str, ids: list[int], max_new_tokens: i
 
 def model_path(spec: str) -> Path:
     """A GGUF file, or an installed real model by name (``benchmarks/real_models.py``)."""
-    return Path(spec) if Path(spec).is_file() else real_model_path(spec)
+    try:
+        return resolve(spec)
+    except RealModelError as exc:
+        raise SystemExit(f"pair_bench: {exc}") from exc
 
 
 def fastest(runs: list[Run]) -> Run:

@@ -136,6 +136,16 @@ def path(name: str) -> Path:
     return found
 
 
+def resolve(spec: str) -> Path:
+    """A GGUF file's path, or the installed file of the real model named ``spec``."""
+    if spec in MODELS:
+        return path(spec)
+    found = Path(spec)
+    if found.suffix != ".gguf" or not found.is_file():
+        raise RealModelError(f"{spec} is neither a .gguf file nor one of {', '.join(MODELS)}")
+    return found
+
+
 def install(name: str) -> Path:
     """Download, assemble and verify the model (once per machine; a lock keeps two at bay)."""
     model = _model(name)

@@ -61,6 +61,16 @@ def real_target():
 
 
 @pytest.fixture(scope="session")
+def real_small():
+    """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) loaded as a target, as the server loads its
+    ``model``."""
+    from benchmarks.real_models import DRAFT
+    from speculative_complete.decoding.models.loading import load_model
+
+    return load_model(str(installed_real_model(DRAFT)), device="cpu")
+
+
+@pytest.fixture(scope="session")
 def real_draft():
     """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M): the 1.5B's draft model, one vocabulary."""
     from benchmarks.real_models import DRAFT

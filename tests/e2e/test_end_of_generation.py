@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from speculative_complete.decoding.engine.loop import GenerationConfig, SpeculativeEngine
 from speculative_complete.decoding.forward.gguf_header import read_header
@@ -136,19 +137,34 @@ def fim_ids(model, text: str = FIM_PROMPT) -> list[int]:
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("stops", [(), ("\n",)])
-def test_an_infilled_middle_ends_at_endoftext_not_at_max_tokens(real_draft, stops):
-    engine = SpeculativeEngine(real_draft)
+def test_an_infilled_middle_ends_at_endoftext_not_at_max_tokens(real_small, stops):
+    engine = SpeculativeEngine(real_small)
     config = GenerationConfig(max_new_tokens=40, stop_strings=stops)
-    result = engine.generate(fim_ids(real_draft), config, drafter=None)
+    result = engine.generate(fim_ids(real_small), config, drafter=None)
     assert result.stop_reason in ("eos", "stop")
     assert len(result.token_ids) < 40
     assert "<|" not in result.text
     if not stops:
         assert result.stop_reason == "eos"
         ended = engine.generate(
-            fim_ids(real_draft), GenerationConfig(max_new_tokens=len(result.token_ids) + 1)
+            fim_ids(real_small), GenerationConfig(max_new_tokens=len(result.token_ids) + 1)
         )
         assert ended.token_ids == result.token_ids  # the end token itself is never part of the answer
+
+
+@pytest.mark.real_model
+def test_a_draft_model_can_propose_the_end_of_the_text(real_small, real_draft):
+    """The draft's output layer computes its first rows and its special tokens
+    (``DraftOutputLayer``): every end of generation among them, so that a draft can propose
+    where the target's text ends; where the target's greedy choice ends the infilled middle, the
+    draft (the same weights) gives that row the same choice."""
+    engine = SpeculativeEngine(real_small)
+    middle = engine.generate(fim_ids(real_small), GenerationConfig(max_new_tokens=40), drafter=None)
+    assert middle.stop_reason == "eos"
+    ids = fim_ids(real_small) + list(middle.token_ids)
+    logits = real_draft.forward(ids, real_draft.forward.new_cache(), keep=1)[-1]
+    assert all(torch.isfinite(logits[i]) for i in real_draft.end_token_ids)
+    assert int(logits.argmax()) in real_draft.end_token_ids
 
 
 @pytest.mark.real_model

@@ -10,6 +10,8 @@ The draft's output layer may be another size than the target's over the same tok
 before a token is chosen, so it never proposes an id the target has no row for, and its q rows
 are the target's width, with probability 0 where the draft has no row. Ids the target writes that
 the draft has no embedding for are fed to it clamped: it drafts worse after them, never wrongly.
+A GGUF draft on the CPU computes only its output layer's first rows, the common tokens
+(``DraftOutputLayer``, loaded with ``draft=True``): the rest get probability 0 the same way.
 """
 
 from __future__ import annotations

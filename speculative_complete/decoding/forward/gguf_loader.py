@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 import mmap
+from collections.abc import Collection
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType, TokenType, quants
 
 from speculative_complete.decoding.forward.assembly import assemble, pair_orders, rope_order, torch_linear
 from speculative_complete.decoding.forward.gguf_header import GgufTensor, read_header
@@ -23,7 +24,11 @@ from speculative_complete.decoding.forward.llama import (
 )
 from speculative_complete.decoding.forward.native.library import Kernels
 from speculative_complete.decoding.forward.native.linear import NativeLinear
-from speculative_complete.decoding.forward.native.output_layer import NativeOutputLayer
+from speculative_complete.decoding.forward.native.output_layer import (
+    DRAFT_ROWS,
+    DraftOutputLayer,
+    NativeOutputLayer,
+)
 from speculative_complete.decoding.forward.native.serving import kernels_for_files
 from speculative_complete.decoding.forward.native.weights import Weight
 from speculative_complete.decoding.forward.quant.gguf_blocks import QuantTensor, decode_tensor, permute_rows
@@ -152,17 +157,21 @@ class GgufWeights:
         return found[self.pairs[target]] if self.halves and target in self.pairs else found
 
 
-def from_gguf(path: str, dense: bool = False) -> LlamaForward:
+def from_gguf(path: str, dense: bool = False, draft: bool = False) -> LlamaForward:
     """The model in a GGUF file, its quantized blocks kept as they are where a kernel takes them;
     ``dense``: every weight dequantized to fp32 instead (exact), for
-    ``speculative_complete/decoding/forward/graphed.py``."""
+    ``speculative_complete/decoding/forward/graphed.py``; ``draft``: a draft model's, whose
+    output layer on the native kernels is approximate, its common and special tokens only
+    (``DraftOutputLayer``)."""
     file = GgufWeights(path, dense)
     # The output layer: certified exact greedy choices (``CertifiedOutputLayer``) on the native kernels
     # or the 4-bit kernel where its type allows, else dense fp32 (exact for every type). Tied
     # embeddings are looked up in the same table.
     tied = "output.weight" not in file.index
-    head = _output_layer(file.native, file.blocks("token_embd.weight" if tied else "output.weight"), dense)
-    if not tied and isinstance(head, NativeOutputLayer) and head.weight.packed is not None:
+    output = file.blocks("token_embd.weight" if tied else "output.weight")
+    head = _output_layer(file.native, output, dense, special_tokens(path) if draft else None)
+    packed = isinstance(head, NativeOutputLayer) and head.weight.packed is not None
+    if not tied and (packed or (isinstance(head, DraftOutputLayer) and head.packed)):
         file.release("output.weight")  # the products read the packed rows, candidates a few of the file's
     if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
         table = file.blocks("token_embd.weight")
@@ -170,15 +179,36 @@ def from_gguf(path: str, dense: bool = False) -> LlamaForward:
         if file.native is not None and file.native.supports(table.kind):
             embed = functools.partial(file.native.rows, table.kind, table.blocks, width=table.width)
     else:
-        embed = head.rows if isinstance(head, CertifiedOutputLayer) else DenseEmbedding(head.weight)
+        rows = isinstance(head, (CertifiedOutputLayer, DraftOutputLayer))
+        embed = head.rows if rows else DenseEmbedding(head.weight)
     forward = assemble(file.shape, file.linear, file.vector, embed, head, file.optional, file.native)
     forward.formats = "+".join(sorted({t.kind.name for t in file.index.values()}))
     return forward
 
 
-def _output_layer(native: Kernels | None, weight: Weight, dense: bool) -> torch.nn.Module:
-    """The output layer for ``weight``: on the native kernels where its bound can be told, else
-    on the 4-bit kernel where the type has 4-bit terms, else dense fp32."""
+def with_draft_ends(forward: LlamaForward, ends: Collection[int]) -> None:
+    """A draft's output layer (``from_gguf(draft=True)``) computes the rows of ``ends``, the
+    model's ends of generation, too: a draft may then propose the end of the text."""
+    if isinstance(forward.output_layer, DraftOutputLayer):
+        forward.output_layer.include(ends)
+
+
+def special_tokens(path: str) -> list[int]:
+    """The ids a GGUF's vocabulary marks control or user-defined: its special tokens."""
+    types = read_header(path).fields.get("tokenizer.ggml.token_type")
+    if types is None:
+        return []
+    return np.flatnonzero(np.isin(types, (TokenType.CONTROL, TokenType.USER_DEFINED))).tolist()
+
+
+def _output_layer(
+    native: Kernels | None, weight: Weight, dense: bool, draft_special: list[int] | None
+) -> torch.nn.Module:
+    """The output layer for ``weight``: a draft's (``draft_special``: its special tokens, not
+    None) on the native kernels wherever they take its type; else on them where the bound can be
+    told, else on the 4-bit kernel where the type has 4-bit terms, else dense fp32."""
+    if draft_special is not None and native is not None and native.supports(weight.kind):
+        return DraftOutputLayer(native, weight, DRAFT_ROWS, draft_special)
     if native is not None and NativeOutputLayer.fits(native, weight):
         return NativeOutputLayer(native, weight)
     tensor = decode_tensor(

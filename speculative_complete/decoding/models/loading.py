@@ -375,21 +375,24 @@ def _lean_gguf(
     4-bit blocks as they are and the rest dense in ``dtype``
     (``speculative_complete/decoding/forward/graphed.py``). None where it does not apply (another
     architecture): the caller then dequantizes through transformers."""
-    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf, with_draft_ends
 
     graphed = torch_device.type == "cuda"
     try:
         if graphed:
             forward = _on_device(path, torch_device, dtype, draft)
         else:
-            forward = from_gguf(str(path))
+            forward = from_gguf(str(path), draft=draft)
     except UnsupportedModel as exc:
         log.info("%s: the lean forward does not cover %s; dequantizing instead", path.name, exc)
         return None
     config, tokenizer = _gguf_metadata(path)
     give_back_freed_memory()
     dtype = dtype if graphed else torch.float32
-    return LoadedModel.on_lean(forward, tokenizer, config, torch_device, dtype, str(path), forward.formats)
+    loaded = LoadedModel.on_lean(forward, tokenizer, config, torch_device, dtype, str(path), forward.formats)
+    if draft and not graphed:
+        with_draft_ends(forward, loaded.end_token_ids)
+    return loaded
 
 
 def _on_device(path: Path, device: torch.device, dtype: torch.dtype, draft: bool) -> Any:

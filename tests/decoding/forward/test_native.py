@@ -19,7 +19,11 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants
 
 from speculative_complete.decoding.forward.native.linear import NativeLinear
-from speculative_complete.decoding.forward.native.output_layer import NativeOutputLayer
+from speculative_complete.decoding.forward.native.output_layer import (
+    DRAFT_ROWS,
+    DraftOutputLayer,
+    NativeOutputLayer,
+)
 from speculative_complete.decoding.forward.native.serving import built_kernels
 from speculative_complete.decoding.forward.native.weights import Weight
 from tests.support.quant_blocks import IN, INT4_KINDS, random_blocks
@@ -37,13 +41,21 @@ if NATIVE is None:
     )
 
 KINDS = [*INT4_KINDS, QType.F16, QType.BF16, QType.F32]
-PACKED_KINDS = [QType.Q4_K, QType.Q6_K]  # packed at load where the build packs (kpacked.c)
+PACKED_KINDS = [QType.Q4_K, QType.Q6_K, QType.Q5_0]  # packed at load where the build packs them (kpacked.c)
 GROUP = NATIVE.lib.lsq_packed_rows()  # weight rows a packed group interleaves (0: none packed)
 
 
+def packs(kind: QType) -> bool:
+    """Whether this build packs ``kind`` (Q5_0: with AVX-512 VNNI only)."""
+    return bool(GROUP) and bool(NATIVE.lib.lsq_packed_bytes(int(kind), GROUP, 256))
+
+
 def k_quant_values(kind: QType, raw: np.ndarray, out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
-    """The exact weights (out, n_in) float64 of Q4_K or Q6_K blocks, and the magnitudes of the
-    parts a product adds for each (Q4_K: |d sc q| + |dmin m|; Q6_K: |w|)."""
+    """The exact weights (out, n_in) float64 of Q4_K, Q6_K or Q5_0 blocks, and the magnitudes of
+    the parts a product adds for each (Q4_K: |d sc q| + |dmin m|; the others: |w|)."""
+    if kind == QType.Q5_0:  # d (q - 16): exact in float32
+        w = quants.dequantize(raw, kind).reshape(out, n_in).astype(np.float64)
+        return w, np.abs(w)
     blocks = np.ascontiguousarray(raw).reshape(-1, quants.GGML_QUANT_SIZES[kind][1])
 
     def half(part: np.ndarray) -> np.ndarray:
@@ -76,7 +88,7 @@ def packed_rounding(kind: QType, n_in: int) -> float:
     """How many roundings of 2^-24 an output of a packed product may take, per unit of the sum of
     its parts' magnitudes times the activations' (kpacked.c): each block's one or two products of
     scales, integer conversions and fused adds."""
-    blocks = n_in // 256
+    blocks = n_in // (32 if kind == QType.Q5_0 else 256)
     return (2 * blocks + 2 if kind == QType.Q4_K else blocks + 2) * 2**-24 * 1.01
 
 
@@ -135,13 +147,14 @@ def test_a_pass_of_any_row_count_gives_each_row_what_ggmls_vec_dot_gives_it_alon
 
 @pytest.mark.parametrize("kind", PACKED_KINDS, ids=str)
 def test_packed_products_are_the_exact_sums_within_their_rounding_and_each_row_as_alone(kind):
-    """Q4_K and Q6_K rows packed at load, eight or sixteen to a register (kpacked.c): every output
-    is within its bound of the exact product of the file's weights and the activations as
-    quantized (float64), and bit for bit the same in a pass of 1 to 16 rows, a longer pass (a
-    prefill's) and at any offset in it: each row by the same operations whatever its neighbours.
-    Rows of magnitudes 1e-3 to 1e3, one value far above the rest, long weight rows (24 blocks)."""
-    if not GROUP:
-        pytest.skip("this build packs no weights")
+    """Q4_K and Q6_K rows packed at load, eight or sixteen to a register, Q5_0 sixteen with AVX-512
+    (kpacked.c): every output is within its bound of the exact product of the file's weights and
+    the activations as quantized (float64), and bit for bit the same in a pass of 1 to 16 rows, a
+    longer pass (a prefill's) and at any offset in it: each row by the same operations whatever
+    its neighbours. Rows of magnitudes 1e-3 to 1e3, one value far above the rest, long weight
+    rows (24 blocks of 256)."""
+    if not packs(kind):
+        pytest.skip(f"this build does not pack {kind.name}")
     rng = np.random.default_rng(200 + int(kind))
     out, n_in = 3 * GROUP, 6144
     raw = np.ascontiguousarray(random_blocks(kind, rng, out, n_in))
@@ -194,8 +207,8 @@ def test_every_output_is_written_whatever_the_threads_shares(out):
 def test_every_packed_output_is_written_whatever_the_threads_shares(kind, groups):
     """The threads split a packed weight's groups as they split rows (in 16s), each group whole:
     any count of groups comes out whole, each output what the weight's product gives it alone."""
-    if not GROUP:
-        pytest.skip("this build packs no weights")
+    if not packs(kind):
+        pytest.skip(f"this build does not pack {kind.name}")
     rng = np.random.default_rng(groups)
     out = groups * GROUP
     packed = NATIVE.pack(Weight(int(kind), np.ascontiguousarray(random_blocks(kind, rng, out)), IN))
@@ -208,17 +221,21 @@ def test_every_packed_output_is_written_whatever_the_threads_shares(kind, groups
         assert torch.equal(NativeLinear(NATIVE, [packed])(x[row : row + 1])[0], got[row, 1:-1])
 
 
-def test_weights_side_by_side_fill_one_output():
-    """q, k and v of different types (a Q4_K_M file keeps v in Q6_K) in one call: the activations
-    quantized again where a weight's activation type differs from the one before's (Q8_K, Q8_0,
-    then Q8_K again), each output as the weight's own product gives it."""
+@pytest.mark.parametrize(
+    "kinds", [(QType.Q4_K, QType.Q8_0, QType.Q6_K), (QType.Q5_0, QType.Q8_0, QType.Q5_0)], ids=str
+)
+def test_weights_side_by_side_fill_one_output(kinds):
+    """q, k and v of different types (a Q4_K_M file keeps v in Q6_K; a 896-wide one Q5_0 and Q8_0)
+    in one call, packed where the build packs them: the activations quantized again where a
+    weight's activation type differs from the one before's (Q8_K, Q8_0, then Q8_K again), their
+    extras for packed rows beside them; each output as the weight's own product gives it."""
     rng = np.random.default_rng(5)
-    parts = [weight(kind, rng, out) for kind, out in ((QType.Q4_K, 64), (QType.Q8_0, 32), (QType.Q6_K, 32))]
-    joined = NativeLinear(NATIVE, [w for w, _ in parts])
+    parts = [NATIVE.pack(weight(kind, rng, out)[0]) for kind, out in zip(kinds, (64, 32, 32), strict=True)]
+    joined = NativeLinear(NATIVE, parts)
     x = torch.randn(6, IN)
     alone = torch.full((6, 128), float("nan"))
-    for column, (w, _) in zip((0, 64, 96), parts, strict=True):
-        NATIVE.matmul(w.kind, w.blocks, x, alone, column)
+    for column, w in zip((0, 64, 96), parts, strict=True):
+        NATIVE.product(w.product_kind, w.address, w.out_features, x, alone, column)
     assert torch.equal(joined(x), alone)
 
 
@@ -371,6 +388,55 @@ def test_the_native_output_layers_greedy_choice_is_exact_among_any_allowed_token
         assert torch.equal(head(x[:rows], greedy_only=True), head(x, greedy_only=True)[:rows])
 
 
+@pytest.mark.parametrize("kind", [QType.Q8_0, QType.Q6_K], ids=lambda k: k.name)
+def test_a_draft_output_layer_is_the_native_product_of_the_first_rows_and_the_special_ones(kind):
+    """A draft model's output layer (``DraftOutputLayer``): the logits of its first rows and of
+    its special tokens past them, bit for bit the products of those rows (packed where the build
+    packs Q6_K and they fill whole groups), -inf between, a row alike in any pass; an allowed
+    list keeps its own ids (those past the logits dropped); rows by id read every row."""
+    vocab, kept, special = 1024, 512, [700, 1000, 3]  # 512 rows fill whole packed groups
+    w, dense = weight(kind, np.random.default_rng(int(kind) + 3), vocab)
+    full = NativeLinear(NATIVE, [NATIVE.pack(w)])
+    x = torch.randn(9, IN)
+    plain = DraftOutputLayer(NATIVE, w, kept)
+    assert plain.out_features == kept and plain.packed == (kind == QType.Q6_K and GROUP > 0)
+    assert torch.equal(plain(x), full(x)[:, :kept])
+    head = DraftOutputLayer(NATIVE, w, kept, special)
+    logits = head(x)
+    assert logits.shape == (9, 1001) == (9, head.out_features)
+    assert torch.equal(logits[:, :kept], full(x)[:, :kept])
+    on_blocks = NativeLinear(NATIVE, [w])(x)  # the special rows fill no packed group: the file's blocks
+    assert torch.equal(logits[:, [700, 1000]], on_blocks[:, [700, 1000]])
+    assert torch.isinf(logits).sum() == 9 * (1001 - kept - 2)
+    assert torch.equal(head(x[:1]), logits[:1])
+    last = torch.tensor([0, vocab - 1])
+    assert torch.equal(head.rows(last), torch.from_numpy(dense[last.numpy()]))
+    restricted = head(x[:2], [torch.tensor([3, 700, 800, 1023]), None])
+    assert torch.isfinite(restricted[0]).nonzero().flatten().tolist() == [3, 700]
+    assert torch.equal(restricted[0, [3, 700]], logits[0, [3, 700]]) and torch.equal(restricted[1], logits[1])
+
+
+def test_a_draft_model_from_a_file_computes_the_first_draft_rows_of_its_output_layer(tmp_path):
+    """``from_gguf(draft=True)``: the same layers, an approximate output layer of ``DRAFT_ROWS``
+    rows at most (the tiny model's are fewer: all of them), each logit the target's approximate
+    product; the target's own stays certified."""
+    from speculative_complete.decoding.forward.gguf_loader import from_gguf
+    from tests.support.tiny_architectures import VOCAB, tiny, write_gguf
+
+    path = tmp_path / "draft.gguf"
+    write_gguf(tiny("qwen2", seed=9), "qwen2", path, QType.Q8_0)
+    target, draft = from_gguf(str(path)), from_gguf(str(path), draft=True)
+    assert isinstance(target.output_layer, NativeOutputLayer)
+    assert isinstance(draft.output_layer, DraftOutputLayer)
+    assert draft.output_layer.out_features == min(DRAFT_ROWS, VOCAB) == draft.vocab_size
+    tokens = [(5 * i) % VOCAB for i in range(20)]
+    logits = draft(tokens, draft.new_cache())
+    assert logits.shape == (len(tokens), VOCAB)
+    cache = target.new_cache()
+    target(tokens, cache)  # the same layers: the same final rows, which the output layers read
+    assert torch.equal(logits, target.output_layer.linear(cache.hidden[: len(tokens)]))
+
+
 def test_types_whose_bound_cannot_be_told_keep_the_torch_output_layer():
     """Q4_1 and Q5_1 multiply with Q8_1 activations, whose block sums are rounded to fp16 again:
     no bound, so their output layer stays on the 4-bit kernel (``QuantizedOutputLayer``)."""
@@ -417,17 +483,17 @@ def test_every_file_takes_the_native_kernels_where_built_unless_asked_otherwise(
     kernels.cache_clear()
 
 
-@pytest.mark.parametrize("kind", [QType.Q4_K, QType.Q6_K, QType.Q8_0], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.Q8_0], ids=lambda k: k.name)
 def test_the_output_layers_bound_holds_for_every_logit(kind):
-    """What the certificate rests on: every logit of the fast product (Q6_K packed where the build
-    packs; Q4_K, whose two parts round by their own magnitudes, on ggml's sums) within its row's
-    norm times its row's slack of the exact product of the file's weights and the activations
-    (float64), whatever the activations' sizes."""
+    """What the certificate rests on: every logit of the fast product (Q6_K and Q5_0 packed where
+    the build packs them; Q4_K, whose two parts round by their own magnitudes, on ggml's sums)
+    within its row's norm times its row's slack of the exact product of the file's weights and the
+    activations (float64), whatever the activations' sizes."""
     vocab, n_in = 512, 1536
     rng = np.random.default_rng(30 + int(kind))
     raw = np.ascontiguousarray(random_blocks(kind, rng, vocab, n_in))
     head = NativeOutputLayer(NATIVE, Weight(int(kind), raw, n_in))
-    assert (head.weight.packed is not None) == (kind == QType.Q6_K and bool(GROUP))
+    assert (head.weight.packed is not None) == (kind != QType.Q4_K and packs(kind))
     if kind in PACKED_KINDS:
         w, _ = k_quant_values(kind, raw, vocab, n_in)
     else:

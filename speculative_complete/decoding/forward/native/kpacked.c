@@ -1,4 +1,5 @@
-// Q4_K and Q6_K weights packed at load into groups of interleaved rows, and their products.
+// Q4_K, Q6_K and (AVX-512 only) Q5_0 weights packed at load into groups of interleaved rows, and
+// their products.
 //
 // Why: a decode step reads every weight once, and on the file's own blocks (one row's 256 values
 // after another's) each output is a sum across a vector's lanes, its 6-bit scales unpacked row by
@@ -7,14 +8,16 @@
 // register (repack.cpp). Here a group of G rows (16 with AVX-512 VNNI, 8 with AVX2) is packed so
 // that each 32-bit lane of a register holds one row's weights for four adjacent inputs: one
 // multiply-add instruction takes four inputs of every row of the group, each lane is one output,
-// and no sum crosses lanes. Scales and mins are unpacked to a byte each at load.
+// and no sum crosses lanes. Scales and mins are unpacked to a byte each at load. Q5_0 (the layers
+// 896 wide of a Qwen2.5 0.5B Q4_K_M, which K-quants' 256-value blocks do not divide) ran at two
+// thirds of the memory's rate on vec_dot's fifth-bit shuffles; packed, its fifth bits are masks.
 //
 // Batch invariance, by construction as everywhere in the lean forward: an output (activation row
 // r, weight row o) is computed by the same operations in any pass. The integer sums are exact
 // (their order does not matter); the float operations are, for each 256-value block b in order,
 //     acc = fma(d_o * dx_rb, (float) isum_rb, acc)        (Q4_K then: acc = fnma(dmin_o * dx_rb, (float) msum_rb, acc))
-// from acc = 0, each row its own accumulators, whatever rows or threads share the pass (a thread
-// computes whole groups). This file is compiled without contraction (-ffp-contract=off), so only
+// (Q5_0: the same per 32-value block, without the mins) from acc = 0, each row its own
+// accumulators, whatever rows or threads share the pass (a thread computes whole groups). This file is compiled without contraction (-ffp-contract=off), so only
 // these written fused operations fuse, alike in every kernel.
 // The order differs from ggml's vec_dot (which sums eight lanes of partial products), so outputs
 // are no longer bit for bit vec_dot's: tests/decoding/forward/test_native.py compares them with the exact product
@@ -22,10 +25,11 @@
 // pass with the same row alone.
 // Rounding: each product d * dx, each conversion of an integer above 2^24 and each fused add
 // rounds once, so an output differs from the exact sum of its weights times the quantized
-// activations by at most (2 nb + 2) 2^-24 (Q6_K: nb + 2; nb = n / 256 blocks) of the sum of its
-// terms' magnitudes (Q6_K: |w x| summed; Q4_K: |d sc q x| + |dmin m x|, its two parts). For Q6_K
-// that is well inside the (n / 32 + 8) 2^-22 |w| |x| NativeOutputLayer's bound allows for the
-// products' float sums; Q4_K's parts can outweigh |w|, so that layer packs only Q6_K rows.
+// activations by at most (2 nb + 2) 2^-24 (Q6_K and Q5_0: nb + 2; nb = n / 256 blocks, Q5_0's
+// n / 32) of the sum of its terms' magnitudes (Q6_K, Q5_0: |w x| summed; Q4_K: |d sc q x| +
+// |dmin m x|, its two parts). For Q6_K and Q5_0 that is well inside the (n / 32 + 8) 2^-22 |w| |x|
+// NativeOutputLayer's bound allows for the products' float sums; Q4_K's parts can outweigh |w|,
+// so that layer packs no Q4_K rows.
 
 #include "kpacked.h"
 
@@ -64,14 +68,25 @@
 #define Q6K_QL (20 * LSQ_G)
 #define Q6K_QH (148 * LSQ_G)
 #define Q6K_BLOCK (212 * LSQ_G)
+// Q5_0 group block (per 32 inputs; AVX-512 only): the low 4 bits [4][G][4] (inputs 4t..4t+3 of
+// each row in the low nibbles of register t, the inputs 16 after them in the high nibbles), the
+// fifth bits as eight 64-bit masks (one per register those unpack to: bit 4l + i is lane l's byte
+// i), then d[G] as fp16. 22 bytes a row, as the file's blocks.
+#define Q50_QS 0
+#define Q50_QH (16 * LSQ_G)
+#define Q50_D (20 * LSQ_G)
+#define Q50_BLOCK (22 * LSQ_G)
 
 int lsq_packed_rows(void) { return LSQ_G; }
 
 size_t lsq_packed_group_bytes(int type, int64_t n) {
-    if (LSQ_G == 0 || n % QK_K) return 0;
+    if (LSQ_G == 0 || n % ggml_blck_size((enum ggml_type) type)) return 0;
     switch (type) {
         case GGML_TYPE_Q4_K: return (size_t) (n / QK_K) * Q4K_BLOCK;
         case GGML_TYPE_Q6_K: return (size_t) (n / QK_K) * Q6K_BLOCK;
+#if defined(PACKED_512)
+        case GGML_TYPE_Q5_0: return (size_t) (n / QK5_0) * Q50_BLOCK;
+#endif
         default: return 0;
     }
 }
@@ -145,26 +160,71 @@ static void pack_q6_K(const block_q6_K *x, int l, uint8_t *out) {
     }
 }
 
+// Lane l of group block `out` from the file's Q5_0 block x (lane 0 first: it clears the masks).
+static void pack_q5_0(const block_q5_0 *x, int l, uint8_t *out) {
+    uint8_t q[QK5_0];  // 0..31, as ggml's dequantize_row_q5_0 reads them (less 16)
+    uint32_t qh;
+    memcpy(&qh, x->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (x->qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+        q[j + 16] = (x->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+    }
+    memcpy(out + Q50_D + 2 * l, &x->d, 2);
+    uint64_t masks[8];
+    if (l == 0) memset(out + Q50_QH, 0, sizeof(masks));
+    memcpy(masks, out + Q50_QH, sizeof(masks));
+    for (int t = 0; t < 4; t++) {
+        for (int i = 0; i < 4; i++) {
+            const uint8_t lo = q[4 * t + i], hi = q[16 + 4 * t + i];
+            out[Q50_QS + (t * LSQ_G + l) * 4 + i] = (lo & 0xF) | ((hi & 0xF) << 4);
+            masks[2 * t] |= (uint64_t) (lo >> 4) << (4 * l + i);
+            masks[2 * t + 1] |= (uint64_t) (hi >> 4) << (4 * l + i);
+        }
+    }
+    memcpy(out + Q50_QH, masks, sizeof(masks));
+}
+
 int lsq_pack(int type, const void *src, int64_t rows, int64_t n, int64_t first, int64_t count, void *dst) {
     const size_t group_bytes = lsq_packed_group_bytes(type, n);
     if (!group_bytes || !lsq_packed_bytes(type, rows, n) || first < 0 || first + count > rows / LSQ_G) return -1;
     const size_t row_bytes = ggml_row_size((enum ggml_type) type, n), block_bytes = ggml_type_size((enum ggml_type) type);
-    const int64_t nb = n / QK_K;
+    const int64_t nb = n / ggml_blck_size((enum ggml_type) type);
+    const size_t packed_block = group_bytes / (size_t) nb;
     for (int64_t g = first; g < first + count; g++) {
         uint8_t *group = (uint8_t *) dst + g * group_bytes;
         for (int l = 0; l < LSQ_G; l++) {
             const char *row = (const char *) src + (g * LSQ_G + l) * row_bytes;
             for (int64_t b = 0; b < nb; b++) {
                 const void *x = row + b * block_bytes;
-                if (type == GGML_TYPE_Q4_K) pack_q4_K(x, l, group + b * Q4K_BLOCK);
-                else pack_q6_K(x, l, group + b * Q6K_BLOCK);
+                uint8_t *to = group + b * packed_block;
+                if (type == GGML_TYPE_Q4_K) pack_q4_K(x, l, to);
+                else if (type == GGML_TYPE_Q6_K) pack_q6_K(x, l, to);
+                else pack_q5_0(x, l, to);
             }
         }
     }
     return 0;
 }
 
-void lsq_packed_extras(const void *xq, int64_t blocks, int32_t *out) {
+int64_t lsq_packed_extras_row(int dot_type, int64_t n) {
+    if (LSQ_G == 0) return 0;
+    if (dot_type == GGML_TYPE_Q8_K) return n / QK_K * LSQ_PACKED_EXTRAS;
+    if (dot_type == GGML_TYPE_Q8_0 && lsq_packed_group_bytes(GGML_TYPE_Q5_0, QK5_0)) return n / QK8_0 * LSQ_PACKED_EXTRAS_Q8_0;
+    return 0;
+}
+
+void lsq_packed_extras(int dot_type, const void *xq, int64_t blocks, int32_t *out) {
+    if (dot_type == GGML_TYPE_Q8_0) {
+        const block_q8_0 *y = xq;
+        for (int64_t b = 0; b < blocks; b++) {
+            int32_t sum = 0;
+            for (int i = 0; i < QK8_0; i++) sum += y[b].qs[i];
+            const float d = ggml_fp16_to_fp32(y[b].d);
+            out[b * LSQ_PACKED_EXTRAS_Q8_0] = -16 * sum;
+            memcpy(out + b * LSQ_PACKED_EXTRAS_Q8_0 + 1, &d, 4);
+        }
+        return;
+    }
     const block_q8_K *y = xq;
     for (int64_t b = 0; b < blocks; b++) {
         int32_t *e = out + b * LSQ_PACKED_EXTRAS;
@@ -302,6 +362,48 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
         for (int r = 0; r < nr; r++) {
             const __m512 dx = _mm512_set1_ps(act(xq, xq_bytes, r, b)->d);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(y + r * ldy, acc[r]);
+}
+
+// One Q5_0 group (16 weight rows) against nr activation rows (Q8_0 blocks). Per block of 32
+// inputs: four registers of low nibbles give eight of 16 rows x 4 inputs, each given its fifth
+// bits by a masked byte add; each row's sum starts at -16 times its activations' sum (the
+// weights' offset, as in Q6_K), takes eight dpbusd (two chains), then one fused float operation.
+static ALWAYS_INLINE void q5_0_group(int n, const uint8_t *w, const char *xq, size_t xq_bytes, const int32_t *ex,
+                                     size_t ex_row, const int nr, const int ahead, float *y, size_t ldy) {
+    const int nb = n / QK5_0;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+    __m512 acc[LSQ_PACKED_ACT_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t) b * Q50_BLOCK;
+        if (ahead) lsq_ahead(blk, Q50_BLOCK);
+        __m512i q[8];
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_loadu_si512(blk + Q50_QS + 64 * t);
+            q[2 * t] = _mm512_and_si512(v, m4);
+            q[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        for (int k = 0; k < 8; k++) {
+            uint64_t bits;
+            memcpy(&bits, blk + Q50_QH + 8 * k, 8);
+            q[k] = _mm512_mask_add_epi8(q[k], (__mmask64) bits, q[k], fifth);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (blk + Q50_D)));
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = ((const block_q8_0 *) (xq + r * xq_bytes) + b)->qs;
+            const int32_t *e = ex + r * ex_row + b * LSQ_PACKED_EXTRAS_Q8_0;
+            __m512i s0 = _mm512_set1_epi32(e[0]), s1 = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++) {
+                s0 = _mm512_dpbusd_epi32(s0, q[2 * t], _mm512_set1_epi32(load_i32(x + 4 * t)));
+                s1 = _mm512_dpbusd_epi32(s1, q[2 * t + 1], _mm512_set1_epi32(load_i32(x + 16 + 4 * t)));
+            }
+            float dx;
+            memcpy(&dx, e + 1, 4);
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), isum, acc[r]);
         }
     }
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(y + r * ldy, acc[r]);
@@ -452,12 +554,18 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
 
 GROUP_FUNCTIONS(q4_K_group)
 GROUP_FUNCTIONS(q6_K_group)
+#if defined(PACKED_512)
+GROUP_FUNCTIONS(q5_0_group)
+#endif
 
 const lsq_packed_kernel_t *lsq_packed_kernels(int type, int ahead) {
     ahead = ahead != 0;
     switch (type) {
         case GGML_TYPE_Q4_K: return q4_K_group_by_rows[ahead];
         case GGML_TYPE_Q6_K: return q6_K_group_by_rows[ahead];
+#if defined(PACKED_512)
+        case GGML_TYPE_Q5_0: return q5_0_group_by_rows[ahead];
+#endif
         default: return NULL;
     }
 }

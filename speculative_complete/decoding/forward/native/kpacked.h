@@ -1,4 +1,5 @@
-// Weights packed at load into groups of interleaved rows, and their products (kpacked.c).
+// Weights packed at load into groups of interleaved rows, and their products (kpacked.c): Q4_K
+// and Q6_K; Q5_0 with AVX-512 VNNI.
 #pragma once
 
 #include <stddef.h>
@@ -31,8 +32,16 @@ size_t lsq_packed_bytes(int type, int64_t rows, int64_t n);
 // `type`) into dst (lsq_packed_bytes); callers may split the groups between threads. 0 on success.
 int lsq_pack(int type, const void *src, int64_t rows, int64_t n, int64_t first, int64_t count, void *dst);
 
-// The extras of `blocks` Q8_K blocks at xq into out (LSQ_PACKED_EXTRAS int32s each).
-void lsq_packed_extras(const void *xq, int64_t blocks, int32_t *out);
+// int32s a packed product reads per Q8_0 activation block (Q5_0's): -16 times the sum of its
+// values (the weights' offset), then its scale as a float's bits.
+#define LSQ_PACKED_EXTRAS_Q8_0 2
+
+// int32s of extras per activation row of n values quantized to `dot_type` (GGML_TYPE_Q8_K or
+// GGML_TYPE_Q8_0); 0 where no packed kernel of this build reads that type.
+int64_t lsq_packed_extras_row(int dot_type, int64_t n);
+
+// The extras of `blocks` blocks of `dot_type` at xq into out (lsq_packed_extras_row's per block).
+void lsq_packed_extras(int dot_type, const void *xq, int64_t blocks, int32_t *out);
 
 // y[r * ldy + 0 .. lsq_packed_rows()) = one packed group at w (n inputs) times activation row r
 // (Q8_K blocks at xq, xq_bytes apart; their extras at ex, ex_row int32s apart), for the kernel's

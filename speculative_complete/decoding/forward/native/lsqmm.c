@@ -299,29 +299,30 @@ static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in,
     return scales.d;
 }
 
-// The extras of Q8_K activation rows for packed products (lsq_packed_extras), kept between calls.
+// The extras of activation rows for packed products (lsq_packed_extras), kept between calls.
 static struct {
     int32_t *e;
     int64_t capacity;
 } extras;
 
-// The extras of the Q8_K rows xq into `extras`; NULL if it cannot grow.
-static const int32_t *packed_extras(const char *xq, int64_t n_in, int64_t rows) {
-    const int64_t blocks = rows * (n_in / QK_K);
-    if (blocks * LSQ_PACKED_EXTRAS > extras.capacity) {
-        int32_t *e = realloc(extras.e, (size_t) (blocks * LSQ_PACKED_EXTRAS) * sizeof(int32_t));
+// The extras of the rows xq (quantized to dot_type) into `extras`; NULL if it cannot grow.
+static const int32_t *packed_extras(enum ggml_type dot_type, const char *xq, int64_t n_in, int64_t rows) {
+    const int64_t size = rows * lsq_packed_extras_row(dot_type, n_in);
+    if (size > extras.capacity) {
+        int32_t *e = realloc(extras.e, (size_t) size * sizeof(int32_t));
         if (!e) return NULL;
         extras.e = e;
-        extras.capacity = blocks * LSQ_PACKED_EXTRAS;
+        extras.capacity = size;
     }
-    lsq_packed_extras(xq, blocks, extras.e);
+    lsq_packed_extras(dot_type, xq, rows * (n_in / ggml_blck_size(dot_type)), extras.e);
     return extras.e;
 }
 
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
 // vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
 // *yd: their block scales as floats where the type has them (block_scales), else NULL; *ex: for
-// Q8_K activations where this build packs weights, their extras (packed_extras), else NULL.
+// activations that this build's packed kernels read (Q8_K; Q8_0 with AVX-512), their extras
+// (packed_extras), else NULL.
 static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch,
                                   const float **yd, const int32_t **ex) {
     enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
@@ -336,8 +337,8 @@ static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_
         *yd = block_scales(dot_type, (const char *) scratch, n_in, rows);
         if (!*yd) return NULL;
     }
-    if (dot_type == GGML_TYPE_Q8_K && lsq_packed_rows()) {
-        *ex = packed_extras((const char *) scratch, n_in, rows);
+    if (lsq_packed_extras_row(dot_type, n_in)) {
+        *ex = packed_extras(dot_type, (const char *) scratch, n_in, rows);
         if (!*ex) return NULL;
     }
     return (const char *) scratch;
@@ -359,7 +360,7 @@ static void product(int packed_type, const void *w, int64_t n_out, int64_t n_in,
     job->cached_packed_kernels = packed ? lsq_packed_kernels(type, 0) : NULL;
     job->group_bytes = packed ? lsq_packed_group_bytes(type, n_in) : 0;
     job->extras = ex;
-    job->extras_row = (n_in / QK_K) * LSQ_PACKED_EXTRAS;
+    job->extras_row = lsq_packed_extras_row(traits->vec_dot_type, n_in);
     job->xq = xq;
     job->xq_bytes = ggml_row_size(traits->vec_dot_type, n_in);
     job->yd = yd;

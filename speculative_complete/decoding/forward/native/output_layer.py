@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from speculative_complete.decoding.forward.native.library import Kernels
@@ -12,6 +15,8 @@ from speculative_complete.decoding.forward.native.weights import Weight
 from speculative_complete.decoding.forward.quant.layers import CertifiedOutputLayer, best_allowed
 
 Q4_K = 12  # GGML's type number
+# The output rows a draft model's steps compute (``DraftOutputLayer``): ids past it are rare.
+DRAFT_ROWS = 65536
 
 
 class NativeOutputLayer(CertifiedOutputLayer):
@@ -27,7 +32,7 @@ class NativeOutputLayer(CertifiedOutputLayer):
         self.norms = kernels.row_norms(weight.kind, weight.blocks, weight.width)
         self.norm_max = self.norms.max()
         # Packed rows are summed in another order (kpacked.c): within the bound above where each
-        # weight is one product (Q6_K); Q4_K's two parts (d sc q less dmin m) round by their own
+        # weight is one product (Q6_K, Q5_0); Q4_K's two parts (d sc q less dmin m) round by their own
         # magnitudes, which can exceed the weight's, so its rows stay on ggml's sums.
         packs = weight.kind != Q4_K
         self.kernels, self.weight = kernels, kernels.pack(weight) if packs else weight
@@ -86,3 +91,72 @@ class NativeOutputLayer(CertifiedOutputLayer):
 
     def nbytes(self) -> int:
         return self.linear.nbytes() + self.norms.nbytes
+
+
+class DraftOutputLayer(torch.nn.Module):
+    """A draft model's output layer: the native product of its first ``rows`` rows and of its
+    ``special`` tokens past them, approximate.
+
+    A draft model's tokens are proposals the target verifies, so nothing it writes depends on
+    its exact logits: ``NativeOutputLayer``'s exact candidates and bounds are left out, and so
+    are the rare tokens. BPE ids come in merge order, so the tokens past ``DRAFT_ROWS`` are rare
+    ones (words of other languages for a code model), save the special tokens a vocabulary adds
+    at its end (``<|endoftext|>``: a draft must be able to end the text), which are kept. The
+    logits are ``width`` wide (up to the last kept id), -inf where a row is not computed; the drafter
+    gives the ids past them probability 0 (``ModelDrafter._fit``). A draft step then reads less
+    than half a Qwen2.5 output layer. Rows looked up by id (a tied embedding) read every row."""
+
+    def __init__(self, kernels: Kernels, weight: Weight, rows: int, special: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.in_features, self.first = weight.width, min(rows, weight.out_features)
+        self.kernels, self.weight = kernels, weight
+        kept = replace(weight, blocks=weight.blocks[: self.first])
+        self.linear = NativeLinear(kernels, [kernels.pack(kept)])
+        self.special = torch.zeros(0, dtype=torch.int64)
+        self.special_linear: NativeLinear | None = None
+        self.width = self.out_features = self.first
+        self.include(special)
+
+    def include(self, ids: Collection[int]) -> None:
+        """Compute rows ``ids`` past the first ones as well (the loader adds the model's ends of
+        generation, which a vocabulary may hold among its common tokens' ids)."""
+        wanted = {int(i) for i in ids if self.first <= i < self.weight.out_features}
+        wanted |= set(self.special.tolist())
+        if not wanted:
+            return
+        self.special = torch.tensor(sorted(wanted), dtype=torch.int64)
+        self.width = self.out_features = int(self.special[-1]) + 1
+        picked = replace(self.weight, blocks=np.ascontiguousarray(self.weight.blocks[self.special.numpy()]))
+        self.special_linear = NativeLinear(self.kernels, [picked])
+
+    @property
+    def packed(self) -> bool:
+        """Whether the products read a packed copy (the file's rows are then read only by id)."""
+        return self.linear.weights[0].packed is not None
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.kernels.rows(self.weight.kind, self.weight.blocks, index, self.in_features)
+
+    def forward(
+        self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None, greedy_only: bool = False
+    ) -> torch.Tensor:
+        """Logits (rows, ``width``), each row's tokens outside its ``allowed`` (rows past its end,
+        or None: all allowed) at -inf; ``greedy_only`` changes nothing (nothing here is
+        certified)."""
+        logits = self.linear(x)
+        if self.special_linear is not None:
+            common = logits
+            logits = torch.full((x.shape[0], self.width), float("-inf"))
+            logits[:, : self.first] = common
+            logits[:, self.special] = self.special_linear(x)
+        for row, ids in enumerate(allowed or []):
+            if ids is not None:
+                kept = ids[ids < self.width]
+                restricted = torch.full_like(logits[row], float("-inf"))
+                restricted[kept] = logits[row, kept]
+                logits[row] = restricted
+        return logits
+
+    def nbytes(self) -> int:
+        nbytes = self.linear.nbytes()
+        return nbytes + (self.special_linear.nbytes() if self.special_linear is not None else 0)
