@@ -38,7 +38,7 @@ from speculative_complete.decoding.forward.quant.layers import (
     DenseOutputLayer,
     QuantizedOutputLayer,
 )
-from speculative_complete.decoding.forward.shapes import LlamaShape, gguf_family, gguf_shape
+from speculative_complete.decoding.forward.shapes import gguf_family, gguf_shape
 
 # The parts ``assembly`` asks for, as a GGUF names layer i's tensors (``blk.{i}.NAME.weight``).
 GGUF_OPTIONAL = {
@@ -61,12 +61,6 @@ GGUF_NAMES = {
 }
 
 
-def gguf_index(path: str) -> tuple[LlamaShape, dict[str, GgufTensor], bool]:
-    """The model's shape, where each tensor lies, and whether q and k rows are in rotate-half order."""
-    header = read_header(path)
-    return gguf_shape(header), header.tensors, gguf_family(header).gguf_rotate_half
-
-
 class GgufWeights:
     """A GGUF file's tensors, memory-mapped, as the lean forward's parts: products on the
     native kernels over the file's own blocks where they multiply every part (else torch's, over
@@ -76,7 +70,10 @@ class GgufWeights:
     def __init__(self, path: str, dense: bool, kernels: bool = True) -> None:
         """``dense``: weights as fp32 values; ``kernels``: False keeps the native kernels unloaded
         (the weights go to another device)."""
-        self.shape, self.index, self.halves = gguf_index(path)
+        header = read_header(path)
+        self.shape, self.index = gguf_shape(header), header.tensors
+        self.halves = gguf_family(header).gguf_rotate_half  # q and k rows in rotate-half order
+        self.token_types = header.fields.get("tokenizer.ggml.token_type")
         with open(path, "rb") as file:
             self.mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         self.data = np.frombuffer(self.mapping, dtype=np.uint8)
@@ -85,6 +82,13 @@ class GgufWeights:
         self.native = kernels_for_files() if native else None
         self.pairs, self.pairs_in_head = pair_orders(self.shape), rope_order(self.shape.head_dim, 1)
         self.torch_linear = torch_linear(self.weight)
+
+    def special_tokens(self) -> list[int]:
+        """The ids the vocabulary marks control or user-defined: its special tokens."""
+        if self.token_types is None:
+            return []
+        kinds = (TokenType.CONTROL, TokenType.USER_DEFINED)
+        return np.flatnonzero(np.isin(self.token_types, kinds)).tolist()
 
     def raw(self, name: str) -> tuple[GgufTensor, np.ndarray]:
         t = self.index[name]
@@ -169,9 +173,8 @@ def from_gguf(path: str, dense: bool = False, draft: bool = False) -> LlamaForwa
     # embeddings are looked up in the same table.
     tied = "output.weight" not in file.index
     output = file.blocks("token_embd.weight" if tied else "output.weight")
-    head = _output_layer(file.native, output, dense, special_tokens(path) if draft else None)
-    packed = isinstance(head, NativeOutputLayer) and head.weight.packed is not None
-    if not tied and (packed or (isinstance(head, DraftOutputLayer) and head.packed)):
+    head = _output_layer(file.native, output, dense, file.special_tokens() if draft else None)
+    if not tied and isinstance(head, (NativeOutputLayer, DraftOutputLayer)) and head.packed:
         file.release("output.weight")  # the products read the packed rows, candidates a few of the file's
     if not tied:  # looked up in the file's own blocks: no fp32 copy of a large table
         table = file.blocks("token_embd.weight")
@@ -191,14 +194,6 @@ def with_draft_ends(forward: LlamaForward, ends: Collection[int]) -> None:
     model's ends of generation, too: a draft may then propose the end of the text."""
     if isinstance(forward.output_layer, DraftOutputLayer):
         forward.output_layer.include(ends)
-
-
-def special_tokens(path: str) -> list[int]:
-    """The ids a GGUF's vocabulary marks control or user-defined: its special tokens."""
-    types = read_header(path).fields.get("tokenizer.ggml.token_type")
-    if types is None:
-        return []
-    return np.flatnonzero(np.isin(types, (TokenType.CONTROL, TokenType.USER_DEFINED))).tolist()
 
 
 def _output_layer(

@@ -17,8 +17,9 @@
 // (their order does not matter); the float operations are, for each 256-value block b in order,
 //     acc = fma(d_o * dx_rb, (float) isum_rb, acc)        (Q4_K then: acc = fnma(dmin_o * dx_rb, (float) msum_rb, acc))
 // (Q5_0: the same per 32-value block, without the mins) from acc = 0, each row its own
-// accumulators, whatever rows or threads share the pass (a thread computes whole groups). This file is compiled without contraction (-ffp-contract=off), so only
-// these written fused operations fuse, alike in every kernel.
+// accumulators, whatever rows or threads share the pass (a thread computes whole groups). This
+// file is compiled without contraction (-ffp-contract=off), so only these written fused
+// operations fuse, alike in every kernel.
 // The order differs from ggml's vec_dot (which sums eight lanes of partial products), so outputs
 // are no longer bit for bit vec_dot's: tests/decoding/forward/test_native.py compares them with the exact product
 // of the file's weights and the quantized activations (within the bound below) and each row of a

@@ -44,8 +44,8 @@ int64_t lsq_packed_extras_row(int dot_type, int64_t n);
 void lsq_packed_extras(int dot_type, const void *xq, int64_t blocks, int32_t *out);
 
 // y[r * ldy + 0 .. lsq_packed_rows()) = one packed group at w (n inputs) times activation row r
-// (Q8_K blocks at xq, xq_bytes apart; their extras at ex, ex_row int32s apart), for the kernel's
-// fixed count of rows. `ahead`: the kernel asks for the weights ahead of their use.
+// (Q8_K blocks at xq, Q8_0 for Q5_0, xq_bytes apart; their extras at ex, ex_row int32s apart),
+// for the kernel's fixed count of rows. `ahead`: the kernel asks for the weights ahead of their use.
 typedef void (*lsq_packed_kernel_t)(int n, const void *w, const char *xq, size_t xq_bytes, const int32_t *ex,
                                     size_t ex_row, float *y, size_t ldy);
 

@@ -320,14 +320,11 @@ static const int32_t *packed_extras(enum ggml_type dot_type, const char *xq, int
 
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
 // vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
-// *yd: their block scales as floats where the type has them (block_scales), else NULL; *ex: for
-// activations that this build's packed kernels read (Q8_K; Q8_0 with AVX-512), their extras
-// (packed_extras), else NULL.
+// *yd: their block scales as floats where the type has them (block_scales), else NULL.
 static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch,
-                                  const float **yd, const int32_t **ex) {
+                                  const float **yd) {
     enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
     *yd = NULL;
-    *ex = NULL;
     if (dot_type == GGML_TYPE_F32) return (const char *) x;
     ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
     if (!quantize) return NULL;
@@ -336,10 +333,6 @@ static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_
     if (scale_floats(dot_type)) {
         *yd = block_scales(dot_type, (const char *) scratch, n_in, rows);
         if (!*yd) return NULL;
-    }
-    if (lsq_packed_extras_row(dot_type, n_in)) {
-        *ex = packed_extras(dot_type, (const char *) scratch, n_in, rows);
-        if (!*ex) return NULL;
     }
     return (const char *) scratch;
 }
@@ -411,9 +404,14 @@ static int matmul_many(int count, const int *types, const void *const *ws, const
         if (!traits->vec_dot) return -1;
         if (type != types[i] && (reference || !lsq_packed_kernels(type, 0) || n_outs[i] % lsq_packed_rows())) return -3;
         if ((int) traits->vec_dot_type != quantized_for) {
-            xq = quantized_rows(type, n_in, x, rows, scratch, &yd, &ex);
+            xq = quantized_rows(type, n_in, x, rows, scratch, &yd);
             if (!xq) return -2;
             quantized_for = (int) traits->vec_dot_type;
+            ex = NULL;
+        }
+        if (type != types[i] && !ex) {  // the extras only packed kernels read, once per quantization
+            ex = packed_extras(traits->vec_dot_type, xq, n_in, rows);
+            if (!ex) return -2;
         }
         product(types[i], ws[i], n_outs[i], n_in, xq, yd, ex, rows, y, ldy, reference);
         y += n_outs[i];

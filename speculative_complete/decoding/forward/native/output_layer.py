@@ -12,7 +12,11 @@ import torch
 from speculative_complete.decoding.forward.native.library import Kernels
 from speculative_complete.decoding.forward.native.linear import NativeLinear
 from speculative_complete.decoding.forward.native.weights import Weight
-from speculative_complete.decoding.forward.quant.layers import CertifiedOutputLayer, best_allowed
+from speculative_complete.decoding.forward.quant.layers import (
+    CertifiedOutputLayer,
+    best_allowed,
+    restricted_logits,
+)
 
 Q4_K = 12  # GGML's type number
 # The output rows a draft model's steps compute (``DraftOutputLayer``): ids past it are rare.
@@ -37,6 +41,11 @@ class NativeOutputLayer(CertifiedOutputLayer):
         packs = weight.kind != Q4_K
         self.kernels, self.weight = kernels, kernels.pack(weight) if packs else weight
         self.linear = NativeLinear(kernels, [self.weight])
+
+    @property
+    def packed(self) -> bool:
+        """Whether the products read a packed copy (the file's rows are then read only by id)."""
+        return self.weight.packed is not None
 
     @staticmethod
     def fits(kernels: Kernels, weight: Weight) -> bool:
@@ -102,7 +111,7 @@ class DraftOutputLayer(torch.nn.Module):
     are the rare tokens. BPE ids come in merge order, so the tokens past ``DRAFT_ROWS`` are rare
     ones (words of other languages for a code model), save the special tokens a vocabulary adds
     at its end (``<|endoftext|>``: a draft must be able to end the text), which are kept. The
-    logits are ``width`` wide (up to the last kept id), -inf where a row is not computed; the drafter
+    logits are ``out_features`` wide (up to the last kept id), -inf where a row is not computed; the drafter
     gives the ids past them probability 0 (``ModelDrafter._fit``). A draft step then reads less
     than half a Qwen2.5 output layer. Rows looked up by id (a tied embedding) read every row."""
 
@@ -114,7 +123,7 @@ class DraftOutputLayer(torch.nn.Module):
         self.linear = NativeLinear(kernels, [kernels.pack(kept)])
         self.special = torch.zeros(0, dtype=torch.int64)
         self.special_linear: NativeLinear | None = None
-        self.width = self.out_features = self.first
+        self.out_features = self.first
         self.include(special)
 
     def include(self, ids: Collection[int]) -> None:
@@ -125,7 +134,7 @@ class DraftOutputLayer(torch.nn.Module):
         if not wanted:
             return
         self.special = torch.tensor(sorted(wanted), dtype=torch.int64)
-        self.width = self.out_features = int(self.special[-1]) + 1
+        self.out_features = int(self.special[-1]) + 1
         picked = replace(self.weight, blocks=np.ascontiguousarray(self.weight.blocks[self.special.numpy()]))
         self.special_linear = NativeLinear(self.kernels, [picked])
 
@@ -140,22 +149,20 @@ class DraftOutputLayer(torch.nn.Module):
     def forward(
         self, x: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None = None, greedy_only: bool = False
     ) -> torch.Tensor:
-        """Logits (rows, ``width``), each row's tokens outside its ``allowed`` (rows past its end,
+        """Logits (rows, ``out_features``), each row's tokens outside its ``allowed`` (rows past its end,
         or None: all allowed) at -inf; ``greedy_only`` changes nothing (nothing here is
         certified)."""
         logits = self.linear(x)
         if self.special_linear is not None:
             common = logits
-            logits = torch.full((x.shape[0], self.width), float("-inf"))
+            logits = torch.full((x.shape[0], self.out_features), float("-inf"))
             logits[:, : self.first] = common
             logits[:, self.special] = self.special_linear(x)
-        for row, ids in enumerate(allowed or []):
-            if ids is not None:
-                kept = ids[ids < self.width]
-                restricted = torch.full_like(logits[row], float("-inf"))
-                restricted[kept] = logits[row, kept]
-                logits[row] = restricted
-        return logits
+        if allowed is None:
+            return logits
+        return restricted_logits(
+            logits, [None if ids is None else ids[ids < self.out_features] for ids in allowed]
+        )
 
     def nbytes(self) -> int:
         nbytes = self.linear.nbytes()

@@ -193,7 +193,7 @@ class CertifiedOutputLayer(torch.nn.Module):
         own)."""
         x = x.float()
         logits, state = self._approximate(x)
-        rankings = [logits] if allowed is None else [logits, _restricted(logits, allowed)]
+        rankings = [logits] if allowed is None else [logits, restricted_logits(logits, allowed)]
         count = min(self.CANDIDATES, self.out_features)
         ranked = [self._top(ranking, min(count + 1, self.out_features)) for ranking in rankings]
         top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
@@ -350,7 +350,7 @@ class QuantizedOutputLayer(CertifiedOutputLayer):
         return self.approx.nbytes() + self.values.nbytes + self.scale.nbytes + extra + tables
 
 
-def _restricted(logits: torch.Tensor, allowed: Sequence[torch.Tensor | None]) -> torch.Tensor:
+def restricted_logits(logits: torch.Tensor, allowed: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """``logits`` with every token a row does not allow at -inf (rows past ``allowed``, or None:
     all allowed)."""
     restricted = logits.clone()
