@@ -2,10 +2,11 @@
 
 ``QuantizedOutputLayer`` (``speculative_complete/decoding/forward/quant/layers.py``) ranks the
 vocabulary with a 4-bit copy of the output layer and recomputes only the ``CANDIDATES`` best in fp32
-from the file's exact values; under ``greedy_only`` it also recomputes any token whose error bound
-could beat them, so its greedy token is always the fp32 layer's. This runs the default model over
-held-out standard-library files (``speculative_complete.decoding.draft_head.training``'s split) and
-counts, per position, whether the fp32 layer's greedy token is among the candidates of each ranking:
+from the file's exact values (``GREEDY_CANDIDATES`` under ``greedy_only``, where it also recomputes
+any token whose error bound could beat them, so its greedy token is always the fp32 layer's). This
+runs the default model over held-out standard-library files
+(``speculative_complete.decoding.draft_head.training``'s split) and counts, per position, whether
+the fp32 layer's greedy token is among the candidates of each ranking:
 
 - ``leading term``: a Q8_0 layer's leading 4-bit term alone, the group means of the rest folded
   in (what greedy generations ranked by until its approximations were found to decide healed

@@ -12,6 +12,13 @@ even one token, the n-gram match it was weighed against is drafted instead of no
 While token healing still owes typed text (greedy only), an n-gram match is weighed only as far
 as the text allows it: the engine would cut it there anyway (``Healing.allowed_draft``), and a
 match cut to nothing must not win over the head, which drafts among what the text allows.
+
+A draft model that has not read the text yet (a new prompt) must first be fed it (at most its
+``window`` of last tokens), a cost no single draft repays and one that a generation may never
+repay if it ends soon. It is paid as a ski rental is: each pass the draft model would have won
+were it caught up adds what it would have saved to a tally, and once the tally reaches the
+catch-up's cost the draft model is fed and used, so it pays about twice at most what hindsight
+would. The tally outlives a request: a document's short completions warm the draft model too.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class AutoDrafter(Drafter):
                 drafter.cost = self.cost
         self._skipped: dict[str, int] = {}
         self._owed: OwedText | None = None
+        self._missed = 0.0  # target steps the draft model would have saved, had it been caught up
 
     def begin(
         self,
@@ -112,21 +120,9 @@ class AutoDrafter(Drafter):
             if gain >= self.MIN_GAIN or self._probe(key):
                 candidates.append((gain, "ngram", k))
         if self.model is not None and max_len > 0:
-            # Tokens the draft model has not seen yet (a new prompt) must be fed first; that
-            # catch-up is rarely repaid within one line, so it counts against the draft model.
-            behind = self.model.tokens_behind(tokens)
-            catch_up = self.model.relative_cost * self.cost.relative(behind) if behind > 1 else 0.0
-            k, gain = best_draft_length(
-                self.model.stats.alpha(),
-                min(max_len, self.model.max_draft),
-                self.cost,
-                draft_cost=self.model.relative_cost,
-            )
-            gain *= (self.cost.verify(k) + k * self.model.relative_cost) / (
-                self.cost.verify(k) + k * self.model.relative_cost + catch_up
-            )
-            if gain >= self.MIN_GAIN or (behind <= self.model.max_draft and self._probe("model")):
-                candidates.append((gain, "model", k))
+            model = self._model_candidate(tokens, max_len, max([1.0] + [c[0] for c in candidates]))
+            if model is not None:
+                candidates.append(model)
         if self.head is not None and max_len > 0 and self.head.usable(tokens):
             k, gain = best_draft_length(
                 self.head.stats.alpha(),
@@ -153,6 +149,34 @@ class AutoDrafter(Drafter):
             )
         assert self.model is not None
         return self.model.propose_exactly(tokens, k)
+
+    def _model_candidate(
+        self, tokens: Sequence[int], max_len: int, rival: float
+    ) -> tuple[float, str, int] | None:
+        """The draft model's (gain, "model", k), or None. Its first forward feeds the tokens it
+        is behind (the target's last token, those a pass accepted, or a new prompt's) and gives
+        its first draft token, so only what feeding them costs beyond one step is extra. A small
+        extra is charged to this pass; one no pass repays is paid once the tally of what the
+        model would have saved over ``rival`` (the best other gain, 1: plain steps) reaches it
+        (module docstring)."""
+        assert self.model is not None
+        drafting = self.model.relative_cost
+        k, gain = best_draft_length(
+            self.model.stats.alpha(), min(max_len, self.model.max_draft), self.cost, draft_cost=drafting
+        )
+        extra = drafting * max(0.0, self.cost.relative(self.model.tokens_behind(tokens)) - 1.0)
+        pass_cost = self.cost.verify(k) + k * drafting
+        charged = gain * pass_cost / (pass_cost + extra)
+        if charged >= self.MIN_GAIN:
+            return charged, "model", k
+        if gain > rival:
+            self._missed += 1.0 / rival - 1.0 / gain  # target steps a token, about a token a pass
+            if self._missed >= extra:
+                self._missed = 0.0
+                return gain, "model", k  # it wins this pass: the catch-up is paid, its cost sunk
+        if extra == 0.0 and self._probe("model"):
+            return charged, "model", k
+        return None
 
     def observe(self, draft: Draft, accepted: int) -> None:
         if draft.source == "ngram":

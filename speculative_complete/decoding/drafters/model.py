@@ -12,6 +12,13 @@ are the target's width, with probability 0 where the draft has no row. Ids the t
 the draft has no embedding for are fed to it clamped: it drafts worse after them, never wrongly.
 A GGUF draft on the CPU computes only its output layer's first rows, the common tokens
 (``DraftOutputLayer``, loaded with ``draft=True``): the rest get probability 0 the same way.
+
+A cold prompt is fed only as far as its last ``window`` tokens: what a draft needs is the text
+near the cursor, and feeding a whole prompt cost the draft model more time than a completion's
+drafts saved. The cache then starts inside the sequences the engine passes in (``_offset``); a
+sequence that leaves more than a window to feed starts a fresh window, and a window is never
+parked as a document's cache (its tokens are no prompt's prefix). Only the target's pass decides
+what is written, so a draft's context changes its acceptance, never the output.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from speculative_complete.decoding.verify import SamplingParams, sample, samplin
 
 class ModelDrafter(Drafter):
     name = "model"
+    WINDOW = 128  # the most tokens fed before a draft: a cold prompt's last ones (module docstring)
 
     def __init__(
         self,
@@ -40,8 +48,10 @@ class ModelDrafter(Drafter):
         cost: CostModel | None = None,
         session_cache_bytes: int = 0,
         target_vocab: int | None = None,
+        window: int | None = None,
     ) -> None:
         self.draft = draft
+        self.window = window or self.WINDOW
         # The target's output size: the ids it can verify, and the width of q (None: the draft's).
         self.target_vocab = int(target_vocab or draft.vocab_size)
         self.max_draft = max_draft
@@ -52,6 +62,7 @@ class ModelDrafter(Drafter):
         self._generator: torch.Generator | None = None
         self._cache: Any = None  # the draft's ModelPass cache
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self._offset = 0  # where ``_cached`` starts in the sequences the engine passes in
         self._session: str | None = None
         self._ticket: int | None = None  # the live session's loan from ``sessions``
         self.sessions = PrefixCache(session_cache_bytes)  # parked caches of other sessions
@@ -64,20 +75,35 @@ class ModelDrafter(Drafter):
         session: str | None = None,
     ) -> None:
         self._sampling, self._generator = sampling, generator
+        if self.step_ms is None and prompt:
+            self._time_step(prompt[-1])
         if session is None or session == self._session:
             return
         if self._session is not None and self._cache is not None:
-            self.sessions.put(self._session, self._cached, self._cache, ticket=self._ticket)
+            # A window (``_offset`` > 0) is parked as nothing: its tokens are no prompt's prefix.
+            held = self._cached if self._offset == 0 else []
+            self.sessions.put(self._session, held, self._cache, ticket=self._ticket)
         self._session = session
         borrowed = self.sessions.take(session, prompt)
         self._cache, self._cached = borrowed.cache, list(prompt[: borrowed.reused])
-        self._ticket = borrowed.ticket
+        self._offset, self._ticket = 0, borrowed.ticket
+
+    @torch.inference_mode()
+    def _time_step(self, token: int) -> None:
+        """Time a step on a scratch cache (the second: the first allocates), once: whether a
+        prompt is worth feeding to the draft model depends on it before it has drafted anything."""
+        cache = self.draft.forward.new_cache()
+        self.draft.forward(self._feedable([token]), cache, keep=1)
+        started = time.perf_counter()
+        self.draft.forward(self._feedable([token]), cache, keep=1)
+        self.step_ms = (time.perf_counter() - started) * 1000
 
     def forget(self, session: str) -> None:
         """The session's document was closed: its cache, parked or live, is dropped."""
         self.sessions.drop(session)
         if session == self._session:
             self._session, self._cache, self._cached, self._ticket = None, None, [], None
+            self._offset = 0
 
     @property
     def relative_cost(self) -> float:
@@ -90,7 +116,19 @@ class ModelDrafter(Drafter):
 
     def tokens_behind(self, tokens: Sequence[int]) -> int:
         """How many tokens of ``tokens`` would have to be fed before drafting could start."""
-        return len(tokens) - min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
+        offset, keep = self._plan(tokens)
+        return len(tokens) - offset - keep
+
+    def _plan(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Where in ``tokens`` the cache would start, and how many of its tokens it keeps: the
+        cache as it is where it agrees with ``tokens`` and leaves at most ``window`` tokens to feed
+        (always short of the last token, whose logits are wanted), else none of it, a fresh cache
+        over the last ``window`` tokens."""
+        view = tokens[self._offset :]
+        keep = min(common_prefix_length(self._cached, view), len(view) - 1) if self._cache is not None else 0
+        if keep > 0 and len(view) - keep <= self.window:
+            return self._offset, keep
+        return max(0, len(tokens) - self.window), 0
 
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         """Feed ``tokens``; the next-token logits over the target's ids (``_fit``)."""
@@ -114,14 +152,15 @@ class ModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=-1)
 
     def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Roll the cache back to the longest common prefix and feed the rest; next-token logits."""
-        keep = min(common_prefix_length(self._cached, tokens), len(tokens) - 1)
-        if self._cache is None or keep == 0:
-            self._cache, self._cached = self.draft.forward.new_cache(), []
+        """Roll the cache back to the longest common prefix and feed the rest, or start a window
+        (``_plan``); next-token logits."""
+        offset, keep = self._plan(tokens)
+        if keep == 0:
+            self._cache, self._cached, self._offset = self.draft.forward.new_cache(), [], offset
         elif keep < len(self._cached):
             self._cache.crop(keep - len(self._cached))
             del self._cached[keep:]
-        return self._forward(tokens[len(self._cached) :])
+        return self._forward(tokens[self._offset + len(self._cached) :])
 
     @torch.inference_mode()
     def propose_exactly(self, tokens: Sequence[int], k: int) -> Draft:

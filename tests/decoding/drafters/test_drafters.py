@@ -80,6 +80,38 @@ def test_draft_model_cache_rolls_back_to_the_accepted_prefix():
     assert second.tokens == expected
 
 
+def greedy_continuation(model, context: list[int], count: int) -> list[int]:
+    """The draft model's greedy tokens after ``context`` from scratch (uncached reference)."""
+    context, out = list(context), []
+    for _ in range(count):
+        out.append(int(next_token_logits(model.model, context).argmax()))
+        context.append(out[-1])
+    return out
+
+
+def test_a_draft_model_reads_a_cold_prompt_only_as_far_as_its_window():
+    model = loaded(tiny_model(3, layers=1, logit_scale=5.0))
+    drafter = ModelDrafter(model, max_draft=6, window=8)
+    prompt = list(range(1, 30))
+    drafter.begin(prompt, GREEDY, None)
+    assert drafter.tokens_behind(prompt) == 8
+    first = drafter.propose_exactly(prompt, 3)
+    assert drafter.cached_tokens() == prompt[-8:] + first.tokens[:-1]
+    assert first.tokens == greedy_continuation(model, prompt[-8:], 3)
+    # The target kept one draft token (fed while drafting) and chose 63: only 63 is fed.
+    sequence = prompt + first.tokens[:1] + [63]
+    assert drafter.tokens_behind(sequence) == 1
+    second = drafter.propose_exactly(sequence, 3)
+    assert drafter.cached_tokens() == sequence[-10:] + second.tokens[:-1]
+    assert second.tokens == greedy_continuation(model, sequence[-10:], 3)
+    # A change inside the window rolls back to it; a jump past the window starts a fresh one.
+    assert drafter.tokens_behind(prompt[:-3] + [7, 7, 7]) == 3
+    assert drafter.tokens_behind(prompt + list(range(40, 60))) == 8
+    far = prompt + list(range(40, 60))
+    third = drafter.propose_exactly(far, 2)
+    assert drafter.cached_tokens() == far[-8:] + third.tokens[:-1]
+
+
 def test_sampled_drafts_carry_the_distribution_they_were_drawn_from():
     model = loaded(tiny_model(4, layers=1))
     drafter = ModelDrafter(model)
@@ -158,6 +190,34 @@ def test_auto_uses_the_draft_model_where_no_ngram_match_is_confident():
     for _ in range(20):
         auto.model.stats.update(0, 1, 8)
     assert [len(auto.propose(seq, 8)) for _ in range(5)] == [0] * 5
+
+
+def test_auto_feeds_a_cold_prompt_to_the_draft_model_once_what_it_missed_pays_for_it():
+    """A ski rental: passes the caught-up draft model would have won tally what it would have
+    saved; the catch-up is paid when the tally reaches its cost, and never for a model whose
+    drafts cannot pay."""
+    model = loaded(tiny_model(5, layers=1))
+    auto = make_drafter("auto", draft_model=model)
+    seq = list(range(10, 310))  # no repetition: the n-gram source has nothing
+    auto.begin(seq, GREEDY, None)
+    auto.cost.record(1, 60.0)
+    auto.model.step_ms = 20.0  # a third of a target step
+    for _ in range(20):
+        auto.model.stats.update(0, 3, 4)  # three of four drafted tokens are accepted
+    assert auto.model.tokens_behind(seq) == auto.model.window  # a cold prompt's last tokens
+    skipped = 0
+    while (draft := auto.propose(seq, 8)).source != "model":
+        assert len(draft) == 0 and skipped < 50
+        skipped += 1
+    assert skipped >= 3 and len(draft) >= 1  # not at once: the catch-up costs more than a pass saves
+    assert auto.model.tokens_behind(seq) == 1  # caught up (its last token is fed with the next draft)
+    assert auto.propose(seq, 8).source == "model"  # and from then on it drafts
+    slow = make_drafter("auto", draft_model=model)
+    slow.begin(seq, GREEDY, None)
+    slow.cost.record(1, 60.0)
+    slow.model.step_ms = 60.0  # as slow as the target: its drafts cannot pay
+    assert [len(slow.propose(seq, 8)) for _ in range(100)] == [0] * 100
+    assert slow.model.tokens_behind(seq) == slow.model.window
 
 
 def test_ngram_extends_matches_backwards_to_find_the_copy_being_retyped():

@@ -134,12 +134,12 @@ def test_unconstrained_greedy_choices_are_the_exact_output_layers_even_with_few_
     forward(tokens, cache, keep=1)
     hidden = cache.hidden[: len(tokens)]
     want = (hidden @ exact_output.T).argmax(-1)
-    saved = head.CANDIDATES, head.repaired
+    saved = head.GREEDY_CANDIDATES, head.repaired
     try:
-        head.CANDIDATES = 2
+        head.GREEDY_CANDIDATES = 2
         got = head(hidden, greedy_only=True).argmax(-1)
         repaired = head.repaired - saved[1]
     finally:
-        head.CANDIDATES = saved[0]
+        head.GREEDY_CANDIDATES = saved[0]
     assert torch.equal(got, want)
     assert repaired > 0  # the bound did find tokens outside the two candidates

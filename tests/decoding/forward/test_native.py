@@ -373,7 +373,7 @@ def test_the_native_output_layers_greedy_choice_is_exact_among_any_allowed_token
     assert NativeOutputLayer.fits(NATIVE, w)
     head = NativeOutputLayer(NATIVE, w)
     assert torch.equal(head.rows(torch.arange(vocab)), torch.from_numpy(dense))
-    head.CANDIDATES = 2
+    head.GREEDY_CANDIDATES = 2
     x = torch.randn(24, IN)
     fp32 = x @ torch.from_numpy(dense).t()
     allowed = [torch.from_numpy(rng.choice(vocab, size=n, replace=False)) for n in (1, 3, 40, 700) * 5]

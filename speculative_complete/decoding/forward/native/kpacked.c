@@ -229,10 +229,14 @@ void lsq_packed_extras(int dot_type, const void *xq, int64_t blocks, int32_t *ou
     const block_q8_K *y = xq;
     for (int64_t b = 0; b < blocks; b++) {
         int32_t *e = out + b * LSQ_PACKED_EXTRAS;
-        for (int k = 0; k < 16; k++) e[k] = -32 * y[b].bsums[k];
+        for (int k = 0; k < 32; k++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 8; i++) sum += y[b].qs[8 * k + i];
+            e[k] = -32 * sum;
+        }
         int16_t pairs[8];  // sub-block j's sum: its two sums of 16 (at most 32 * 128: exact)
         for (int j = 0; j < 8; j++) pairs[j] = (int16_t) (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        memcpy(e + 16, pairs, sizeof(pairs));
+        memcpy(e + LSQ_PACKED_PAIRS, pairs, sizeof(pairs));
     }
 }
 
@@ -266,13 +270,17 @@ static ALWAYS_INLINE void ahead_of(const uint8_t *p, size_t block, int i, int n)
 // register of 64 weight bytes gives two registers of 16 rows x 4 inputs (low and high nibbles);
 // the sub-block's eight are unpacked once for every row, each multiplied with the row's 4
 // activations broadcast (dpbusd: exact int32 sums); the sub-block's two halves times its scale
-// (one dpwssd: a mullo there, ten cycles of latency on each row's chain, held the passes of
-// several rows well below what the multiply-adds allow); the mins' sum of pairs (dpwssd); two
-// fused float operations a block.
+// (one dpwssd, the halves put side by side by a byte shuffle off the multiply-adds' port: a
+// mullo there, ten cycles of latency on each row's chain, held the passes of several rows well
+// below what the multiply-adds allow); the mins' sum of pairs (dpwssd); two fused float
+// operations a block.
 static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, size_t xq_bytes, const int32_t *ex,
                                      size_t ex_row, const int nr, const int ahead, float *y, size_t ldy) {
     const int nb = n / QK_K;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // A byte shuffle's indices (within 16 bytes) that give each 32-bit lane its bytes 0-1 twice:
+    // under a mask of bytes 2-3, a lane's low 16 bits to its high ones.
+    const __m512i to_high = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);
     __m512 acc[LSQ_PACKED_ACT_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -299,7 +307,7 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
                 }
                 // Each half's sum of 16 inputs fits 16 bits (|s| <= 16 * 15 * 128): both in one lane,
                 // times the scale and added by one dpwssd.
-                const __m512i halves = _mm512_mask_mov_epi16(s0, 0xAAAAAAAA, _mm512_slli_epi32(s1, 16));
+                const __m512i halves = _mm512_mask_shuffle_epi8(s0, 0xCCCCCCCCCCCCCCCCull, s1, to_high);
                 isum[r] = _mm512_dpwssd_epi32(isum[r], halves, sc);
             }
         }
@@ -308,7 +316,7 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
         __m512i mins[4];
         for (int k = 0; k < 4; k++) mins[k] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *) (blk + Q4K_MIN + 32 * k)));
         for (int r = 0; r < nr; r++) {
-            const int32_t *pairs = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + 16;
+            const int32_t *pairs = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + LSQ_PACKED_PAIRS;
             __m512i msum = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) msum = _mm512_dpwssd_epi32(msum, mins[k], _mm512_set1_epi32(pairs[k]));
             const __m512 dx = _mm512_set1_ps(act(xq, xq_bytes, r, b)->d);
@@ -321,13 +329,16 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
 
 // One Q6_K group (16 weight rows) against nr activation rows. Per sub-block of 16 inputs: the
 // 6-bit weights of 16 rows x 4 inputs from a low-nibble register and the high-bit register (a
-// bitwise select, vpternlog), unsigned; each row's sum starts at -32 times its activations' sum
-// (the weights' offset: ggml's too), takes the four dpbusd, then is times the sub-block's scale.
+// bitwise select, vpternlog), unsigned; each half of a row's sum (8 inputs) starts at -32 times
+// its activations' sum (the weights' offset: ggml's too) and takes two dpbusd, then both halves
+// are times the sub-block's scale by one dpwssd (a mullo there took two of the multiply-adds'
+// port's cycles and ten of latency).
 static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, size_t xq_bytes, const int32_t *ex,
                                      size_t ex_row, const int nr, const int ahead, float *y, size_t ldy) {
     const int nb = n / QK_K;
     const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char) 0xCC);
+    const __m512i to_high = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);  // q4_K_group's
     __m512 acc[LSQ_PACKED_ACT_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -348,15 +359,20 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
             const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4), _mm512_slli_epi16(h13, 2), low, 0xE4);
             const __m512i w2 = _mm512_ternarylogic_epi32(l1, h02, low, 0xE4);
             const __m512i w3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4), _mm512_srli_epi16(h13, 2), low, 0xE4);
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *) (blk + Q6K_SC + 16 * k)));
+            const __m512i sc32 = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *) (blk + Q6K_SC + 16 * k)));
+            const __m512i sc = _mm512_mask_shuffle_epi8(sc32, 0xCCCCCCCCCCCCCCCCull, sc32, to_high);
             for (int r = 0; r < nr; r++) {
                 const int8_t *x = act(xq, xq_bytes, r, b)->qs + 16 * k;
-                __m512i s = _mm512_set1_epi32(ex[r * ex_row + b * LSQ_PACKED_EXTRAS + k]);
-                s = _mm512_dpbusd_epi32(s, w0, _mm512_set1_epi32(load_i32(x)));
-                s = _mm512_dpbusd_epi32(s, w1, _mm512_set1_epi32(load_i32(x + 4)));
-                s = _mm512_dpbusd_epi32(s, w2, _mm512_set1_epi32(load_i32(x + 8)));
-                s = _mm512_dpbusd_epi32(s, w3, _mm512_set1_epi32(load_i32(x + 12)));
-                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s, sc));
+                const int32_t *e = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + 2 * k;
+                __m512i s0 = _mm512_set1_epi32(e[0]), s1 = _mm512_set1_epi32(e[1]);
+                s0 = _mm512_dpbusd_epi32(s0, w0, _mm512_set1_epi32(load_i32(x)));
+                s0 = _mm512_dpbusd_epi32(s0, w1, _mm512_set1_epi32(load_i32(x + 4)));
+                s1 = _mm512_dpbusd_epi32(s1, w2, _mm512_set1_epi32(load_i32(x + 8)));
+                s1 = _mm512_dpbusd_epi32(s1, w3, _mm512_set1_epi32(load_i32(x + 12)));
+                // Each half's sum of 8 inputs fits 16 bits (|s| <= 8 * 32 * 127): both in one lane,
+                // times the scale and added by one dpwssd.
+                const __m512i halves = _mm512_mask_shuffle_epi8(s0, 0xCCCCCCCCCCCCCCCCull, s1, to_high);
+                isum[r] = _mm512_dpwssd_epi32(isum[r], halves, sc);
             }
         }
         const __m512 d = _mm512_load_ps((const float *) (blk + Q6K_D));
@@ -446,7 +462,7 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
         const __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (blk + Q4K_D)));
         const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (blk + Q4K_DMIN)));
         for (int r = 0; r < nr; r++) {
-            const int32_t *pairs = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + 16;
+            const int32_t *pairs = ex + r * ex_row + b * LSQ_PACKED_EXTRAS + LSQ_PACKED_PAIRS;
             __m256i msum = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 const __m256i mins = _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *) (blk + Q4K_MIN + 16 * k)));

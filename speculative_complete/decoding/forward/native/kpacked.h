@@ -17,9 +17,10 @@
 #endif
 
 // int32s a packed product reads per Q8_K activation block beside the block itself
-// (lsq_packed_extras): -32 times each of its 16 sums of 16 values (Q6_K's offset), then its
-// 8 sums of 32 values as int16 pairs (Q4_K's mins).
-#define LSQ_PACKED_EXTRAS 20
+// (lsq_packed_extras): -32 times each of its 32 sums of 8 values (Q6_K's offset), then, from
+// LSQ_PACKED_PAIRS on, its 8 sums of 32 values as int16 pairs (Q4_K's mins).
+#define LSQ_PACKED_PAIRS 32
+#define LSQ_PACKED_EXTRAS 36
 
 // Weight rows in one packed group (16 with AVX-512 VNNI, 8 with AVX2; 0: nothing is packed).
 int lsq_packed_rows(void);

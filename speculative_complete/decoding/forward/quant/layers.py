@@ -151,7 +151,11 @@ class CertifiedOutputLayer(torch.nn.Module):
     batch-invariant.
     """
 
-    CANDIDATES = 128
+    CANDIDATES = 128  # exact logits a row: sampling reads the top of every row
+    # Under ``greedy_only`` only the certified choice is read: a few candidates, and the bound
+    # repairs the rare row whose best token lies past them, where 128 rows dequantized to fp32
+    # for each row of a verify pass gave exact logits nobody reads.
+    GREEDY_CANDIDATES = 16
     out_features: int
     in_features: int
 
@@ -194,7 +198,7 @@ class CertifiedOutputLayer(torch.nn.Module):
         x = x.float()
         logits, state = self._approximate(x)
         rankings = [logits] if allowed is None else [logits, restricted_logits(logits, allowed)]
-        count = min(self.CANDIDATES, self.out_features)
+        count = min(self.GREEDY_CANDIDATES if greedy_only else self.CANDIDATES, self.out_features)
         ranked = [self._top(ranking, min(count + 1, self.out_features)) for ranking in rankings]
         top = torch.cat([r.indices[:, :count] for r in ranked], dim=1)
         exact = self._exact(top, x)
