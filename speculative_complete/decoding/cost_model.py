@@ -75,19 +75,37 @@ class CostModel:
         return cls(prior=dict(prior))
 
     def record(self, n_tokens: int, ms: float) -> None:
-        self.measured_ms[n_tokens] = ema(self.measured_ms.get(n_tokens), ms, self.smoothing)
+        """A pass timed: a wider pass's first time moves its price from where ``relative`` put
+        it, not to it. One slow pass on a busy machine made a price of two rows twice a step,
+        and a width priced that high is no longer drafted, so never timed again."""
+        old = self.measured_ms.get(n_tokens)
+        if old is None and n_tokens > 1 and self.step_ms:
+            old = self.relative(n_tokens) * self.step_ms
+        self.measured_ms[n_tokens] = ema(old, ms, self.smoothing)
 
     @property
     def step_ms(self) -> float | None:
         return self.measured_ms.get(1)
 
     def relative(self, n_tokens: int) -> float:
-        """Cost of a pass over ``n_tokens`` in single-token steps (1.0 for one token)."""
+        """Cost of a pass over ``n_tokens`` in single-token steps (1.0 for one token): as timed;
+        else the prior, or the line between the nearest timed widths around it where that is
+        cheaper. A width priced too high is not drafted, so never timed, and its price would
+        never be corrected (a 135M model's prior priced five rows at twice a 1.5B's timed cost);
+        one priced too low is drafted, timed, and corrected."""
         one = self.measured_ms.get(1)
+        if not one:
+            return _interpolate(self.prior, n_tokens)
         here = self.measured_ms.get(n_tokens)
-        if one and here:
+        if here:
             return here / one
-        return _interpolate(self.prior, n_tokens)
+        prior = _interpolate(self.prior, n_tokens)
+        below = [n for n in self.measured_ms if n < n_tokens]
+        above = [n for n in self.measured_ms if n > n_tokens]
+        if not below or not above:
+            return prior
+        timed = {n: self.measured_ms[n] / one for n in (max(below), min(above))}
+        return min(prior, _interpolate(timed, n_tokens))
 
     def verify(self, k: int) -> float:
         """Cost of the pass that verifies ``k`` drafted tokens, in single-token steps.

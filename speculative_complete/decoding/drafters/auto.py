@@ -148,7 +148,7 @@ class AutoDrafter(Drafter):
                 tokens=match.tokens[:k], source="ngram", match_length=match.length, origin=match.source
             )
         assert self.model is not None
-        return self.model.propose_exactly(tokens, k)
+        return self.model.propose_exactly(tokens, min(max_len, self.model.max_draft), confident=True)
 
     def _model_candidate(
         self, tokens: Sequence[int], max_len: int, rival: float

@@ -547,7 +547,6 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
         kernel(n, w, xq, xb, ex, er, rows, ahead, y, ldy);                                                  \
     }
 #define GROUP_PAIR(kernel, rows) GROUP_FUNCTION(kernel, rows, 0) GROUP_FUNCTION(kernel, rows, 1)
-#if LSQ_PACKED_ACT_ROWS == 8
 #define GROUP_FUNCTIONS(kernel)                                                                             \
     GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2) GROUP_PAIR(kernel, 3) GROUP_PAIR(kernel, 4)                 \
     GROUP_PAIR(kernel, 5) GROUP_PAIR(kernel, 6) GROUP_PAIR(kernel, 7) GROUP_PAIR(kernel, 8)                 \
@@ -556,18 +555,6 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
          kernel##_7_0, kernel##_8_0},                                                                       \
         {NULL, kernel##_1_1, kernel##_2_1, kernel##_3_1, kernel##_4_1, kernel##_5_1, kernel##_6_1,           \
          kernel##_7_1, kernel##_8_1}};
-#elif LSQ_PACKED_ACT_ROWS == 4
-#define GROUP_FUNCTIONS(kernel)                                                                             \
-    GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2) GROUP_PAIR(kernel, 3) GROUP_PAIR(kernel, 4)                 \
-    static const lsq_packed_kernel_t kernel##_by_rows[2][LSQ_PACKED_ACT_ROWS + 1] = {                       \
-        {NULL, kernel##_1_0, kernel##_2_0, kernel##_3_0, kernel##_4_0},                                     \
-        {NULL, kernel##_1_1, kernel##_2_1, kernel##_3_1, kernel##_4_1}};
-#else
-#define GROUP_FUNCTIONS(kernel)                                                                             \
-    GROUP_PAIR(kernel, 1) GROUP_PAIR(kernel, 2)                                                             \
-    static const lsq_packed_kernel_t kernel##_by_rows[2][LSQ_PACKED_ACT_ROWS + 1] = {                       \
-        {NULL, kernel##_1_0, kernel##_2_0}, {NULL, kernel##_1_1, kernel##_2_1}};
-#endif
 
 GROUP_FUNCTIONS(q4_K_group)
 GROUP_FUNCTIONS(q6_K_group)

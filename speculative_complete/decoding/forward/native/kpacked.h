@@ -8,13 +8,11 @@
 // Added to a GGML type id: the weight's rows are packed (lsq_pack), not the file's blocks.
 #define LSQ_PACKED 0x10000
 
-// Activation rows a packed kernel takes at once (the rest of a pass in further calls). AVX-512's
-// 32 registers hold eight rows' sums: a verify pass of up to eight rows walks the weights once.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+// Activation rows a packed kernel takes at once (the rest of a pass in further calls): a verify
+// pass of up to eight rows walks the weights once. AVX-512's 32 registers hold eight rows' sums;
+// AVX2's 16 do not, and its compiler keeps some in L1 instead, which cost less than walking the
+// weights four times, two rows at a time (benchmarks/README.md, models_bench).
 #define LSQ_PACKED_ACT_ROWS 8
-#else
-#define LSQ_PACKED_ACT_ROWS 2
-#endif
 
 // int32s a packed product reads per Q8_K activation block beside the block itself
 // (lsq_packed_extras): -32 times each of its 32 sums of 8 values (Q6_K's offset), then, from
