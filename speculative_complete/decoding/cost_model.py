@@ -76,8 +76,8 @@ class CostModel:
 
     def record(self, n_tokens: int, ms: float) -> None:
         """A pass timed: a wider pass's first time moves its price from where ``relative`` put
-        it, not to it. One slow pass on a busy machine made a price of two rows twice a step,
-        and a width priced that high is no longer drafted, so never timed again."""
+        it, not to it. Set by one slow pass on a busy machine, a width's price could stay too
+        high for good: a width priced too high is no longer drafted, so never timed again."""
         old = self.measured_ms.get(n_tokens)
         if old is None and n_tokens > 1 and self.step_ms:
             old = self.relative(n_tokens) * self.step_ms
@@ -91,7 +91,7 @@ class CostModel:
         """Cost of a pass over ``n_tokens`` in single-token steps (1.0 for one token): as timed;
         else the prior, or the line between the nearest timed widths around it where that is
         cheaper. A width priced too high is not drafted, so never timed, and its price would
-        never be corrected (a 135M model's prior priced five rows at twice a 1.5B's timed cost);
+        never be corrected (a 135M model's prior priced five rows at 1.5 times a 1.5B's timed cost);
         one priced too low is drafted, timed, and corrected."""
         one = self.measured_ms.get(1)
         if not one:
