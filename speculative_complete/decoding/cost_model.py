@@ -38,6 +38,8 @@ CPU_PRIOR = {
 ACCELERATOR_PRIOR = {1: 1.0, 8: 1.05, 16: 1.1, 32: 1.25}
 # A draft riding on a prefill pass of at least this many tokens is priced by the rows it adds.
 RIDING_MIN_TOKENS = 16
+# A pass timed slower than this many times its price counts as if it had taken that long.
+SLOWEST_SAMPLE = 1.5
 
 
 def _interpolate(table: dict[int, float], n: int) -> float:
@@ -58,6 +60,15 @@ def ema(old: float | None, new: float, weight: float = 0.2) -> float:
     return new if old is None else old + weight * (new - old)
 
 
+def timed_ema(old: float | None, ms: float, weight: float = 0.2) -> float:
+    """``ema`` of a time, a sample past ``SLOWEST_SAMPLE`` times ``old`` counted as that. On a
+    shared machine a pass now and then takes several times its usual time (another tenant had
+    the cores or the memory bus); one such sample would move a price far, and a price set too high
+    can stay so for good (``CostModel.record``). A lasting slow-down still moves it, a few
+    samples later."""
+    return ema(old, ms if old is None else min(ms, old * SLOWEST_SAMPLE), weight)
+
+
 @dataclass
 class CostModel:
     """Milliseconds per target pass by number of tokens fed, as an exponential moving average."""
@@ -75,13 +86,14 @@ class CostModel:
         return cls(prior=dict(prior))
 
     def record(self, n_tokens: int, ms: float) -> None:
-        """A pass timed: a wider pass's first time moves its price from where ``relative`` put
-        it, not to it. Set by one slow pass on a busy machine, a width's price could stay too
-        high for good: a width priced too high is no longer drafted, so never timed again."""
+        """A pass timed (``timed_ema``): a wider pass's first time moves its price from where
+        ``relative`` put it, not to it. Set or raised far by one slow pass on a busy machine, a
+        width's price could stay too high for good: a width priced too high is no longer
+        drafted, so never timed again."""
         old = self.measured_ms.get(n_tokens)
         if old is None and n_tokens > 1 and self.step_ms:
             old = self.relative(n_tokens) * self.step_ms
-        self.measured_ms[n_tokens] = ema(old, ms, self.smoothing)
+        self.measured_ms[n_tokens] = timed_ema(old, ms, self.smoothing)
 
     @property
     def step_ms(self) -> float | None:
@@ -106,6 +118,11 @@ class CostModel:
             return prior
         timed = {n: self.measured_ms[n] / one for n in (max(below), min(above))}
         return min(prior, _interpolate(timed, n_tokens))
+
+    def added_row(self, drafted: int) -> float:
+        """What one more drafted token adds to the pass that verifies ``drafted`` others, in
+        single-token steps (with none drafted: the pass that would have run anyway is a step)."""
+        return self.verify(drafted + 1) - (self.verify(drafted) if drafted else 1.0)
 
     def verify(self, k: int) -> float:
         """Cost of the pass that verifies ``k`` drafted tokens, in single-token steps.

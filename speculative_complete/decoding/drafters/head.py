@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from speculative_complete.decoding.cost_model import CostModel, ema
+from speculative_complete.decoding.cost_model import CostModel, ema, timed_ema
 from speculative_complete.decoding.draft_head.network import DraftHead, HeadCache, load_head, shipped_head
 from speculative_complete.decoding.draft_head.precision import head_dtype
 from speculative_complete.decoding.drafter_interface import Draft, Drafter, OwedText
@@ -215,8 +215,7 @@ class HeadDrafter(Drafter):
         """Whether a token drafted after ``drafted`` others, kept with probability ``chance``
         (all before it kept too), is expected to save more than it costs, in target steps: a
         wider verify pass, and the head step that drafts the token after it."""
-        wider = self.cost.verify(drafted + 1) - (self.cost.verify(drafted) if drafted else 1.0)
-        return chance > wider + self._in_steps(self._chain_ms)
+        return chance > self.cost.added_row(drafted) + self._in_steps(self._chain_ms)
 
     def usable(self, tokens: Sequence[int]) -> bool:
         """Whether the target's cache holds enough of ``tokens`` to draft after them."""
@@ -246,7 +245,7 @@ class HeadDrafter(Drafter):
         embeds = self.embed(ids)[None].to(self.dtype)
         g = self.head(features[None].to(self.dtype), embeds, positions, mask, self._cache)
         if rows == 1:
-            self._chain_ms = ema(self._chain_ms, (time.perf_counter() - started) * 1000)
+            self._chain_ms = timed_ema(self._chain_ms, (time.perf_counter() - started) * 1000)
         return g[0]
 
     def _sync(self, tokens: Sequence[int], fed: int) -> torch.Tensor:
@@ -343,7 +342,7 @@ class HeadDrafter(Drafter):
         self._cache.crop(true_entries)
         # The whole proposal: catching up with the target's new states (a pass over the tokens
         # it accepted) is part of what a draft costs.
-        self._proposal_ms = ema(self._proposal_ms, (time.perf_counter() - started) * 1000)
+        self._proposal_ms = timed_ema(self._proposal_ms, (time.perf_counter() - started) * 1000)
         self._proposal_tokens = ema(self._proposal_tokens, len(drafted))
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from speculative_complete.decoding.cost_model import CostModel, ema
+from speculative_complete.decoding.cost_model import CostModel, timed_ema
 from speculative_complete.decoding.drafter_interface import Draft, Drafter
 from speculative_complete.decoding.drafters.length import AcceptanceStats
 from speculative_complete.decoding.kv_cache import PrefixCache, common_prefix_length
@@ -199,7 +199,7 @@ class ModelDrafter(Drafter):
             started = time.perf_counter()
             logits = self._forward([token])
             ms = (time.perf_counter() - started) * 1000
-            self.step_ms = ema(self.step_ms, ms)
+            self.step_ms = timed_ema(self.step_ms, ms)
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)
 
@@ -207,8 +207,7 @@ class ModelDrafter(Drafter):
         """Whether a token drafted after ``drafted`` others, kept with probability ``chance``
         (all before it kept too), saves more than it costs in target steps: a wider verify pass,
         and ``step``, the draft step that would give it."""
-        wider = self.cost.verify(drafted + 1) - (self.cost.verify(drafted) if drafted else 1.0)
-        return chance > wider + step
+        return chance > self.cost.added_row(drafted) + step
 
     def propose(self, tokens: Sequence[int], max_len: int) -> Draft:
         return self.propose_exactly(tokens, min(max_len, self.max_draft), confident=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculative_complete.decoding.cost_model import CostModel
+from speculative_complete.decoding.cost_model import CostModel, timed_ema
 from speculative_complete.decoding.drafters import make_drafter
 from speculative_complete.decoding.drafters.auto import AutoDrafter
 from speculative_complete.decoding.drafters.length import best_draft_length, expected_tokens
@@ -165,15 +165,31 @@ def test_a_width_is_priced_between_the_timed_ones_and_moved_not_set_by_its_first
     assert cost.relative(6) == pytest.approx((62.0 + 13.0 / 2) / 50.0)
     assert cost.relative(4) == pytest.approx(62.0 / 50.0)  # timed: as timed
     assert cost.relative(9) == 2.85  # past the widest timed width: the prior
+    assert cost.added_row(0) == pytest.approx(cost.relative(2) - 1.0)  # the first row past a step
+    assert cost.added_row(4) == pytest.approx(cost.relative(6) - cost.relative(5))
     cheap = CostModel(prior={1: 1.0, 3: 1.05, 8: 2.0}, measured_ms={1: 50.0, 2: 60.0, 4: 70.0})
     assert cheap.relative(3) == pytest.approx(1.05)  # a prior below the line stays
     busy = CostModel(prior={1: 1.0, 2: 1.1, 8: 1.6})
     busy.record(1, 50.0)
-    busy.record(2, 100.0)  # one slow pass of two rows
-    assert busy.relative(2) == pytest.approx(1.1 + 0.2 * (2.0 - 1.1))
+    busy.record(2, 100.0)  # one slow pass of two rows: counted as 1.5 times its price
+    assert busy.relative(2) == pytest.approx(1.1 * (1.0 + 0.2 * 0.5))
+    busy.record(2, 500.0)  # however slow
+    assert busy.relative(2) == pytest.approx(1.1 * 1.1 * 1.1)
     for _ in range(30):
         busy.record(2, 100.0)  # but a pass that stays slow is priced as timed
     assert busy.relative(2) == pytest.approx(2.0, rel=0.01)
+
+
+def test_a_time_far_past_its_average_moves_it_as_one_half_again_would():
+    """Draft steps and passes are timed on a shared machine, where another tenant now and then
+    takes the cores: one such sample must not price a draft out for good."""
+    assert timed_ema(None, 100.0) == 100.0  # a first time is itself
+    assert timed_ema(10.0, 100.0) == pytest.approx(10.0 + 0.2 * (15.0 - 10.0))
+    assert timed_ema(10.0, 5.0) == pytest.approx(9.0)  # faster: as timed
+    steps = 10.0
+    for _ in range(40):
+        steps = timed_ema(steps, 30.0)  # a lasting slow-down is followed
+    assert steps == pytest.approx(30.0, rel=0.01)
 
 
 def test_draft_length_follows_acceptance_and_measured_cost():
