@@ -342,7 +342,7 @@ class HeadDrafter(Drafter):
         self._cache.crop(true_entries)
         # The whole proposal: catching up with the target's new states (a pass over the tokens
         # it accepted) is part of what a draft costs.
-        self._proposal_ms = timed_ema(self._proposal_ms, (time.perf_counter() - started) * 1000)
+        self._proposal_ms = ema(self._proposal_ms, (time.perf_counter() - started) * 1000)
         self._proposal_tokens = ema(self._proposal_tokens, len(drafted))
         probs = torch.stack(rows) if rows else None
         return Draft(tokens=drafted, probs=probs, source=self.name)
