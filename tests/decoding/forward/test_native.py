@@ -253,11 +253,13 @@ def test_rms_norm_is_the_models_norm_and_each_row_alone():
 
 
 @pytest.mark.parametrize("dim", [32, 64, 68, 128])  # eight-lane sums, and a tail past them
-def test_attention_rotates_caches_and_attends_each_row_alone(dim):
+# Query heads a kv head serves: 3 (attended together), 6 (two threes), 7 (four, then three), 1.
+@pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (12, 2), (7, 1), (4, 4)])
+def test_attention_rotates_caches_and_attends_each_row_alone(dim, heads, kv_heads):
     """One call a layer: q and k rotated (complex factors, q's scale in them), k and v written
     to the cache, softmax attention over each row's keys; a row the same in any pass."""
     torch.manual_seed(0)
-    heads, kv_heads, capacity, start, rows = 6, 2, 512, 300, 40
+    capacity, start, rows = 512, 300, 40
     cache = torch.randn(2 * kv_heads, capacity, dim)
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim) * 0.5
     angles = torch.rand(rows, heads + kv_heads, dim // 2) * 6.3
@@ -271,7 +273,7 @@ def test_attention_rotates_caches_and_attends_each_row_alone(dim):
     assert torch.allclose(keys[:, start : start + rows], k.transpose(0, 1), atol=1e-5)
     assert torch.equal(values[:, start : start + rows], qkv[:, heads + kv_heads :].transpose(0, 1))
     for r in (0, 17, 39):
-        for h in (0, 5):
+        for h in range(heads):
             n = start + r + 1
             kv = h // (heads // kv_heads)
             probs = torch.softmax(q[r, h] @ keys[kv, :n].t(), dim=-1)
