@@ -38,7 +38,6 @@ class Kernels:
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
         lib.lsq_activation_rows.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER]
         lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
-        lib.lsq_attention_scratch.restype, lib.lsq_attention_scratch.argtypes = _I64, [_I64]
         lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
         lib.lsq_top.argtypes = [_POINTER, _I64, _I64, _I64, _POINTER, _POINTER]
         lib.lsq_contenders.restype = _I64
@@ -54,7 +53,7 @@ class Kernels:
         # small ones, where these lookups and allocations cost as much as a product's own work.
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._activation_bytes: dict[tuple[int, int], int] = {}
-        self._scores = torch.empty(0)  # attention's scores (``scores``)
+        self._scores = torch.empty(0)  # attention's, a row of keys for each thread
         self._ids = torch.empty(0, dtype=torch.int64)  # contenders'
 
     def supports(self, kind: int) -> bool:
@@ -206,10 +205,9 @@ class Kernels:
         return torch.return_types.topk((values, indices))
 
     def scores(self, capacity: int) -> torch.Tensor:
-        """Attention's scratch: rows of ``capacity`` keys for each thread, one a head it attends at once."""
-        floats = self.lib.lsq_attention_scratch(capacity)
-        if self._scores.numel() < floats:
-            self._scores = torch.empty(floats)
+        """Attention's scratch: a row of ``capacity`` keys for each thread."""
+        if self._scores.numel() < self.threads * capacity:
+            self._scores = torch.empty(self.threads * capacity)
         return self._scores
 
     def scratch(self, row_bytes: int) -> torch.Tensor:

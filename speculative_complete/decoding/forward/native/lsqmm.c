@@ -21,9 +21,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <math.h>
-#if defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -575,19 +572,16 @@ int lsq_activation_rows(int type, const float *x, int64_t n, int64_t rows, float
 // 0..start+r. q: (rows, heads, dim) fp32, rotated and scaled; keys, values: (kv_heads, capacity,
 // dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed alone, each
 // score and each output value summed in an order fixed by dim and the row's own key count, so a
-// row comes out the same in any pass: batch-invariant by construction. A row's query heads that
-// share a kv head (grouped queries) are attended together, up to LSQ_HEADS_AT_ONCE at a time, so
-// that the keys and values are read once for them: read once a head, they came from beyond the
-// core's cache, and a verify pass of 8 rows spent a sixth of its time on attention where the
-// sums needed a fraction of that. Which heads go together changes no head's operations.
+// row comes out the same in any pass: batch-invariant by construction. Heads sharing a kv head
+// (grouped queries) read the same keys.
 struct attention_s {
     const float *q, *keys, *values;
     float *out;
     int64_t capacity, rows, start;
-    int heads, group, dim, per_item, pieces;
+    int heads, group, dim;
     atomic_int_fast64_t next;
     int64_t total;
-    float *scratch;  // (threads, LSQ_HEADS_AT_ONCE, capacity) scores
+    float *scratch;  // (threads, capacity) scores
 };
 
 // ggml-cpu's vectorized exponentials (vec.h), compiled for this build's ISA: its sum runs in an
@@ -598,110 +592,68 @@ extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float
 // has (an AVX register, two SSE or NEON ones), without intrinsics for each.
 typedef float lsq_v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
-#define LSQ_HEADS_AT_ONCE 4
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-
-// acc + a * b rounded once. Written out: whether the compiler fuses a written a * b + acc depends
-// on what else it makes of the loop (it left some unfused once several heads shared the keys),
-// and a sum must not change with the number of heads beside it.
-static ALWAYS_INLINE lsq_v8 fused(lsq_v8 a, lsq_v8 b, lsq_v8 acc) {
-#if defined(__FMA__)
-    return (lsq_v8) _mm256_fmadd_ps((__m256) a, (__m256) b, (__m256) acc);
-#else
-    lsq_v8 out;
-    for (int i = 0; i < 8; i++) out[i] = fmaf(a[i], b[i], acc[i]);
-    return out;
-#endif
-}
-
-// Floats of attention's scratch for `capacity` keys (lsq_attention's `scratch`).
-int64_t lsq_attention_scratch(int64_t capacity) { return (int64_t) pool.threads * LSQ_HEADS_AT_ONCE * capacity; }
+#define KEYS_AT_ONCE 4
 
 // The lanes of v summed in a fixed tree.
 static inline float lanes_sum(lsq_v8 v) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-// scores[h * stride + j] = q_h . keys[j] for j < n and the m heads at q (dim apart). Each score is
-// summed alike: eight lanes over dim / 8 chunks, the lanes in a fixed tree, the dim % 8 tail
-// after. Each chunk of keys is loaded once for the m heads, and `keys` (4 with one head, else 2)
-// keys at a time so that the sums overlap in the pipeline.
-static ALWAYS_INLINE void key_scores_of(const float *q, const int m, const float *keys, int64_t n,
-                                                  int dim, float *scores, int64_t stride) {
-    enum { MOST = 4 };
-    const int at_once = m == 1 ? 4 : 2, chunks = dim / 8;
+// scores[j] = q . keys[j] for j < n. Each score is summed alike: eight lanes over dim / 8 chunks,
+// the lanes in a fixed tree, the dim % 8 tail after; four keys at a time only so that their
+// sums overlap in the pipeline (ggml's vec_dot per key spent most of its time on its call and
+// its reduction, at the head sizes of small models).
+static void key_scores(const float *q, const float *keys, int64_t n, int dim, float *scores) {
+    const int chunks = dim / 8;
     int64_t j = 0;
-    for (; j + at_once <= n; j += at_once) {
-        lsq_v8 acc[LSQ_HEADS_AT_ONCE][MOST] = {{{0}}};
+    for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
+        lsq_v8 acc[KEYS_AT_ONCE] = {0};
         for (int c = 0; c < chunks; c++) {
-            lsq_v8 k[MOST];
-            for (int i = 0; i < at_once; i++) k[i] = *(const lsq_v8 *) (keys + (j + i) * dim + 8 * c);
-            for (int h = 0; h < m; h++) {
-                const lsq_v8 qc = *(const lsq_v8 *) (q + h * dim + 8 * c);
-                for (int i = 0; i < at_once; i++) acc[h][i] = fused(qc, k[i], acc[h][i]);
-            }
+            const lsq_v8 qc = *(const lsq_v8 *) (q + 8 * c);
+            for (int k = 0; k < KEYS_AT_ONCE; k++) acc[k] += qc * *(const lsq_v8 *) (keys + (j + k) * dim + 8 * c);
         }
-        for (int h = 0; h < m; h++) {
-            for (int i = 0; i < at_once; i++) scores[h * stride + j + i] = lanes_sum(acc[h][i]);
-        }
+        for (int k = 0; k < KEYS_AT_ONCE; k++) scores[j + k] = lanes_sum(acc[k]);
     }
     for (; j < n; j++) {
-        for (int h = 0; h < m; h++) {
-            lsq_v8 acc = {0};
-            for (int c = 0; c < chunks; c++) {
-                acc = fused(*(const lsq_v8 *) (q + h * dim + 8 * c), *(const lsq_v8 *) (keys + j * dim + 8 * c), acc);
-            }
-            scores[h * stride + j] = lanes_sum(acc);
-        }
+        lsq_v8 acc = {0};
+        for (int c = 0; c < chunks; c++) acc += *(const lsq_v8 *) (q + 8 * c) * *(const lsq_v8 *) (keys + j * dim + 8 * c);
+        scores[j] = lanes_sum(acc);
     }
-    for (int h = 0; h < m; h++) {
-        for (int d = 8 * chunks; d < dim; d++) {
-            for (int64_t i = 0; i < n; i++) scores[h * stride + i] += q[h * dim + d] * keys[i * dim + d];
-        }
+    for (int d = 8 * chunks; d < dim; d++) {
+        for (int64_t i = 0; i < n; i++) scores[i] += q[d] * keys[i * dim + d];
     }
 }
 
-// out_h (dim floats each, dim apart) = scale[h] times the values weighted by head h's scores
-// (stride apart) of their n keys, for the m heads: each output value sums its keys in order, one
-// fused multiply-add a key, from +0 (what a loop over d into out compiles to), 16 values of
-// every head at a time (then 8, then one) so that their sums stay in registers rather than go
-// through memory at every key, and each value is loaded once for the m heads.
-static ALWAYS_INLINE void weighted_values_of(const float *scores, int64_t stride, const int m,
-                                                       const float *values, int64_t n, int dim,
-                                                       const float *scale, float *out) {
+// out (dim floats) = scale times the values weighted by the scores of their n keys: each output
+// value sums its keys in order, one fused multiply-add a key, from +0 (what a loop over d into
+// out compiles to), 64 values at a time (then 8, then one) so that their sums stay in registers
+// rather than go through memory at every key.
+static void weighted_values(const float *scores, const float *values, int64_t n, int dim, float scale,
+                            float *out) {
     int d0 = 0;
-    for (; d0 + 16 <= dim; d0 += 16) {
-        lsq_v8 acc[LSQ_HEADS_AT_ONCE][2] = {{{0}}};
+    for (; d0 + 64 <= dim; d0 += 64) {
+        lsq_v8 acc[8] = {0};
         for (int64_t j = 0; j < n; j++) {
+            const float s = scores[j];
+            const lsq_v8 p = {s, s, s, s, s, s, s, s};
             const float *v = values + j * dim + d0;
-            const lsq_v8 v0 = *(const lsq_v8 *) v, v1 = *(const lsq_v8 *) (v + 8);
-            for (int h = 0; h < m; h++) {
-                const float s = scores[h * stride + j];
-                const lsq_v8 p = {s, s, s, s, s, s, s, s};
-                acc[h][0] = fused(p, v0, acc[h][0]);
-                acc[h][1] = fused(p, v1, acc[h][1]);
-            }
+            for (int c = 0; c < 8; c++) acc[c] += p * *(const lsq_v8 *) (v + 8 * c);
         }
-        for (int h = 0; h < m; h++) {
-            *(lsq_v8 *) (out + h * dim + d0) = acc[h][0] * scale[h];
-            *(lsq_v8 *) (out + h * dim + d0 + 8) = acc[h][1] * scale[h];
-        }
+        for (int c = 0; c < 8; c++) *(lsq_v8 *) (out + d0 + 8 * c) = acc[c] * scale;
     }
-    for (int h = 0; h < m; h++) {
-        for (int d = d0; d + 8 <= dim; d += 8) {
-            lsq_v8 acc = {0};
-            for (int64_t j = 0; j < n; j++) {
-                const float s = scores[h * stride + j];
-                const lsq_v8 p = {s, s, s, s, s, s, s, s};
-                acc = fused(p, *(const lsq_v8 *) (values + j * dim + d), acc);
-            }
-            *(lsq_v8 *) (out + h * dim + d) = acc * scale[h];
+    for (; d0 + 8 <= dim; d0 += 8) {
+        lsq_v8 acc = {0};
+        for (int64_t j = 0; j < n; j++) {
+            const float s = scores[j];
+            const lsq_v8 p = {s, s, s, s, s, s, s, s};
+            acc += p * *(const lsq_v8 *) (values + j * dim + d0);
         }
-        for (int d = d0 + (dim - d0) / 8 * 8; d < dim; d++) {
-            float sum = 0.0f;
-            for (int64_t j = 0; j < n; j++) sum = fmaf(scores[h * stride + j], values[j * dim + d], sum);
-            out[h * dim + d] = sum * scale[h];
-        }
+        *(lsq_v8 *) (out + d0) = acc * scale;
+    }
+    for (; d0 < dim; d0++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) sum = fmaf(scores[j], values[j * dim + d0], sum);
+        out[d0] = sum * scale;
     }
 }
 
@@ -721,40 +673,22 @@ static float largest(const float *scores, int64_t n) {
     return most;
 }
 
-// Heads [h0, h0 + m) of row r against their kv head's n keys.
-static ALWAYS_INLINE void attend_heads(attention_t *a, int64_t r, int h0, const int m, int64_t n,
-                                                 float *scores) {
-    const int dim = a->dim, kv = h0 / a->group;
-    const float *q = a->q + (r * a->heads + h0) * dim;
+static void attend_one(attention_t *a, int64_t item, float *scores) {
+    int64_t r = item / a->heads;
+    int h = (int) (item % a->heads);
+    int kv = h / a->group;
+    int64_t n = a->start + r + 1;
+    const int dim = a->dim;
+    const float *q = a->q + (r * a->heads + h) * dim;
     const float *keys = a->keys + (int64_t) kv * a->capacity * dim;
     const float *values = a->values + (int64_t) kv * a->capacity * dim;
-    float scale[LSQ_HEADS_AT_ONCE];
-    key_scores_of(q, m, keys, n, dim, scores, a->capacity);
-    for (int h = 0; h < m; h++) {
-        float *s = scores + h * a->capacity;
-        scale[h] = (float) (1.0 / ggml_vec_soft_max_f32((int) n, s, s, largest(s, n)));
-    }
-    weighted_values_of(scores, a->capacity, m, values, n, dim, scale, a->out + (r * a->heads + h0) * dim);
-}
-
-// Item: (row, kv head, piece of its query heads).
-static void attend_one(attention_t *a, int64_t item, float *scores) {
-    const int64_t piece = item % a->pieces, rest = item / a->pieces, kv_heads = a->heads / a->group;
-    const int64_t r = rest / kv_heads;
-    const int kv = (int) (rest % kv_heads);
-    const int h0 = kv * a->group + (int) piece * a->per_item;
-    const int left = (kv + 1) * a->group - h0, m = left < a->per_item ? left : a->per_item;
-    const int64_t n = a->start + r + 1;
-    switch (m) {  // each count compiled on its own, its sums in registers
-        case 1: attend_heads(a, r, h0, 1, n, scores); break;
-        case 2: attend_heads(a, r, h0, 2, n, scores); break;
-        case 3: attend_heads(a, r, h0, 3, n, scores); break;
-        default: attend_heads(a, r, h0, 4, n, scores); break;
-    }
+    key_scores(q, keys, n, dim, scores);
+    const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, largest(scores, n)));
+    weighted_values(scores, values, n, dim, scale, a->out + (r * a->heads + h) * dim);
 }
 
 static void run_attention(attention_t *a, int slot) {
-    float *scores = a->scratch + (int64_t) slot * LSQ_HEADS_AT_ONCE * a->capacity;
+    float *scores = a->scratch + (int64_t) slot * a->capacity;
     for (;;) {
         int64_t item = atomic_fetch_add(&a->next, 1);
         if (item >= a->total) return;
@@ -791,7 +725,7 @@ static void rotate_into_cache(const float *qkv, const float *rotary, float *keys
 }
 
 // A layer's attention for a pass (see attend_one), from its projected heads (see
-// rotate_into_cache); q_scratch holds rows * heads * dim floats, scratch lsq_attention_scratch(capacity).
+// rotate_into_cache); q_scratch holds rows * heads * dim floats, scratch threads * capacity.
 int lsq_attention(const float *qkv, const float *rotary, float *keys, float *values, int64_t capacity, int64_t rows,
                   int64_t start, int heads, int kv_heads, int dim, float *out, float *q_scratch, float *scratch) {
     if (!pool.ready || kv_heads < 1 || heads % kv_heads || dim % 2 || start + rows > capacity) return -1;
@@ -807,10 +741,7 @@ int lsq_attention(const float *qkv, const float *rotary, float *keys, float *val
     a->heads = heads;
     a->group = heads / kv_heads;
     a->dim = dim;
-    // The group in pieces of at most LSQ_HEADS_AT_ONCE heads, as even as they go.
-    a->pieces = (a->group + LSQ_HEADS_AT_ONCE - 1) / LSQ_HEADS_AT_ONCE;
-    a->per_item = (a->group + a->pieces - 1) / a->pieces;
-    a->total = rows * kv_heads * a->pieces;
+    a->total = rows * heads;
     a->scratch = scratch;
     atomic_store(&a->next, 0);
     if (pool.threads < 2) {
