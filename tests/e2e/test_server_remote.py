@@ -38,6 +38,7 @@ POINT = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n      
 LONG = "numbers = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy: 149 tokens over many lines
 # Decoded to the end (no line or block end stops it): ~1.3 s on llama-server, one thread.
 UNTIL_EOS = {"maxNewTokens": 400, "multiline": "always", "maxLines": 1000}
+LINES = "numbers = [\n" + "".join(f"    {i},\n" for i in range(1, 13))  # greedy: a number a line
 ROOMY = {"timeBudgetMs": 60000, "debounceMs": 0, "maxNewTokens": 24}  # content, not speed
 
 
@@ -207,14 +208,17 @@ async def test_the_time_budget_answers_with_what_was_decoded_and_stops_the_engin
     name, client = engine
     # No first answer of whole lines before the budget (``firstAnswerMs``): the budget is what is tested.
     # Nor the other tests' documents, still open, in the prompt: alone, LONG's greedy runs over many
-    # lines (a local engine ends a block at a line's end, never mid-line).
-    short = {**UNTIL_EOS, "timeBudgetMs": 400, "firstAnswerMs": 0, "crossFileContext": False}
-    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **short})
-    uri = opened(client, LONG, "budget")
+    # lines (a local engine ends a block at a line's end, never mid-line): a number a line, so
+    # that the greedy text has line ends on every CPU (LONG's ran on as one line on an AMD EPYC),
+    # and as many tokens as the settings allow (there the drafts decoded 400 within the budget).
+    short = {**UNTIL_EOS, "maxNewTokens": 4096, "timeBudgetMs": 400, "firstAnswerMs": 0}
+    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **short, "crossFileContext": False})
+    uri = opened(client, LINES, "budget")
     before, engine_before = await h.stats(client), await engine_idle(llama)
-    answer = await h.inline(client, 0, len(LONG), uri=uri)
+    cursor = types.Position(LINES.count("\n"), 0)
+    answer = await h.inline(client, cursor.line, cursor.character, uri=uri)
     for item in answer.items:  # what was decoded so far, at the cursor
-        assert item.range.start == types.Position(0, len(LONG))
+        assert item.range.start == cursor
     # A local engine ends the block at the line end the budget reached (stop reason ``partial``);
     # a remote one's stream is closed at the deadline (counted as ``budget_exhausted``).
     counter = "partial" if name == "local" else "budget_exhausted"
