@@ -207,12 +207,13 @@ async def test_a_cancelled_request_stops_the_engines_generation(engine, llama):
 async def test_the_time_budget_answers_with_what_was_decoded_and_stops_the_engine(engine, llama):
     name, client = engine
     # No first answer of whole lines before the budget (``firstAnswerMs``): the budget is what is tested.
-    # Nor the other tests' documents, still open, in the prompt: alone, LONG's greedy runs over many
-    # lines (a local engine ends a block at a line's end, never mid-line): a number a line, so
-    # that the greedy text has line ends on every CPU (LONG's ran on as one line on an AMD EPYC),
-    # and as many tokens as the settings allow (there the drafts decoded 400 within the budget).
-    short = {**UNTIL_EOS, "maxNewTokens": 4096, "timeBudgetMs": 400, "firstAnswerMs": 0}
-    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **short, "crossFileContext": False})
+    # Nor the other tests' documents, still open, in the prompt. A local engine ends a block at a
+    # line's end, never mid-line: LINES's greedy has a number a line on every CPU (LONG's ran on
+    # as one line on an AMD EPYC), and as many tokens as the settings allow (there the drafts
+    # decoded UNTIL_EOS's 400 within the budget).
+    budget = {"maxNewTokens": 4096, "timeBudgetMs": 400, "firstAnswerMs": 0, "crossFileContext": False}
+    short = {**UNTIL_EOS, **budget}
+    await h.configure(client, {**ROOMY, **_endpoint_of(name, llama), **short})
     uri = opened(client, LINES, "budget")
     before, engine_before = await h.stats(client), await engine_idle(llama)
     cursor = types.Position(LINES.count("\n"), 0)

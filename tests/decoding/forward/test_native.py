@@ -253,7 +253,7 @@ def test_rms_norm_is_the_models_norm_and_each_row_alone():
 
 
 @pytest.mark.parametrize("dim", [32, 64, 68, 128])  # eight-lane sums, and a tail past them
-# Query heads a kv head serves: 3 (attended together), 6 (two threes), 7 (four, then three), 1.
+# Query heads a kv head serves: 3 (SmolLM2), 6 (Qwen2.5 1.5B), 7 (Qwen2.5 0.5B), 1 (no grouping).
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (12, 2), (7, 1), (4, 4)])
 def test_attention_rotates_caches_and_attends_each_row_alone(dim, heads, kv_heads):
     """One call a layer: q and k rotated (complex factors, q's scale in them), k and v written
