@@ -239,6 +239,31 @@ def test_weights_side_by_side_fill_one_output(kinds):
     assert torch.equal(joined(x), alone)
 
 
+def test_q8_k_activations_are_ggmls_quantization_bit_for_bit():
+    """kquant.c's vectorized Q8_K blocks are ggml's reference's: scale from the first value of
+    the largest magnitude (a tie of +a and -a included), values rounded half to even at the
+    float's rounding, clamped at 127; a block of zeros all zero."""
+    rng = np.random.default_rng(0)
+    blocks = [
+        rng.standard_normal(256) * 3,
+        rng.standard_normal(256) * 1e-30,  # a scale near the floats' smallest
+        rng.standard_normal(256) * 1e30,
+        np.zeros(256),
+        np.round(rng.standard_normal(256) * 20) / 2,  # many halves and ties of magnitude
+        np.concatenate([[-5.0], rng.uniform(-5, 5, 254), [5.0]]),  # -a first, +a last
+        np.concatenate([rng.uniform(-5, 5, 100), [5.0, -5.0], rng.uniform(-5, 5, 154)]),
+        (np.arange(256) - 128.0) * 0.25,
+    ]
+    for scale in (1.0, 0.1, 7.3):  # values landing on .5 steps for some of these
+        blocks.append((np.arange(256) % 17 - 8) * scale)
+    x = torch.tensor(np.concatenate(blocks), dtype=torch.float32)
+    got = NATIVE.quantized_row(QType.Q8_K, x)
+    assert got == NATIVE.quantized_row(QType.Q8_K, x, reference=True)
+    assert got != bytes(len(got))
+    with pytest.raises(ValueError):
+        NATIVE.quantized_row(QType.Q8_K, x[:100])
+
+
 def test_rms_norm_is_the_models_norm_and_each_row_alone():
     """One C call for the lean forward's norms: torch's norm to float rounding, and every row
     the same in a pass of any length."""

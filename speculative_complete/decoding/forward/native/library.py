@@ -37,7 +37,9 @@ class Kernels:
         lib.lsq_row_norms.argtypes = [_INT, _POINTER, _I64, _I64, _I64, _POINTER]
         lib.lsq_activation_error.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER, _POINTER]
         lib.lsq_activation_rows.argtypes = [_INT, _POINTER, _I64, _I64, _POINTER, _POINTER]
+        lib.lsq_quantize_row.argtypes = [_INT, _POINTER, _I64, _POINTER, _INT]
         lib.lsq_attention.argtypes = [_POINTER] * 4 + [_I64] * 3 + [_INT] * 3 + [_POINTER] * 3
+        lib.lsq_attention_scratch.restype, lib.lsq_attention_scratch.argtypes = _I64, [_I64]
         lib.lsq_swiglu.argtypes = [_POINTER, _I64, _I64, _POINTER]
         lib.lsq_top.argtypes = [_POINTER, _I64, _I64, _I64, _POINTER, _POINTER]
         lib.lsq_contenders.restype = _I64
@@ -53,7 +55,7 @@ class Kernels:
         # small ones, where these lookups and allocations cost as much as a product's own work.
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._activation_bytes: dict[tuple[int, int], int] = {}
-        self._scores = torch.empty(0)  # attention's, a row of keys for each thread
+        self._scores = torch.empty(0)  # attention's scores, for each thread
         self._ids = torch.empty(0, dtype=torch.int64)  # contenders'
 
     def supports(self, kind: int) -> bool:
@@ -205,9 +207,10 @@ class Kernels:
         return torch.return_types.topk((values, indices))
 
     def scores(self, capacity: int) -> torch.Tensor:
-        """Attention's scratch: a row of ``capacity`` keys for each thread."""
-        if self._scores.numel() < self.threads * capacity:
-            self._scores = torch.empty(self.threads * capacity)
+        """Attention's scratch: rows of ``capacity`` scores for each thread."""
+        floats = self.lib.lsq_attention_scratch(capacity)
+        if self._scores.numel() < floats:
+            self._scores = torch.empty(floats)
         return self._scores
 
     def scratch(self, row_bytes: int) -> torch.Tensor:
@@ -278,6 +281,18 @@ class Kernels:
             int(kind), x.data_ptr(), n_in, rows, out.data_ptr(), scratch.data_ptr()
         )
         return out if done == 0 else None
+
+    def quantized_row(self, dot_type: int, x: torch.Tensor, reference: bool = False) -> bytes:
+        """``x`` (n,) fp32 quantized to the activation type ``dot_type`` as the products quantize
+        it, or with ``reference`` by ggml's own function: the blocks' bytes."""
+        x = x.float().contiguous()
+        out = torch.zeros(self.lib.lsq_row_bytes(int(dot_type), x.numel()), dtype=torch.uint8)
+        done = self.lib.lsq_quantize_row(
+            int(dot_type), x.data_ptr(), x.numel(), out.data_ptr(), int(reference)
+        )
+        if done != 0:
+            raise ValueError(f"rows of {x.numel()} values cannot be quantized to type {dot_type}")
+        return out.numpy().tobytes()
 
     def activation_error(self, kind: int, x: torch.Tensor) -> torch.Tensor | None:
         """(rows,): the norm of each row of ``x`` less itself as the products with ``kind``'s rows

@@ -21,12 +21,16 @@
 #include <pthread.h>
 #include <sched.h>
 #include <math.h>
+#if defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "ggml.h"
 #include "ggml-cpu.h"
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 #include "kpacked.h"
+#include "kquant.h"
 #include "krows.h"
 
 #define MAX_THREADS 64
@@ -318,6 +322,23 @@ static const int32_t *packed_extras(enum ggml_type dot_type, const char *xq, int
     return extras.e;
 }
 
+// What quantizes an activation row to dot_type: ggml's, or for Q8_K kquant.c's (the same values,
+// vectorized where ggml's x86 build is not).
+static ggml_from_float_t quantizer(enum ggml_type dot_type) {
+    if (dot_type == GGML_TYPE_Q8_K) return lsq_quantize_q8_K;
+    return ggml_get_type_traits_cpu(dot_type)->from_float;
+}
+
+// x (n floats) quantized to dot_type at out as the products quantize it, or with `reference`
+// by ggml's own function (what the tests compare kquant.c's with). -1 for a type ggml cannot make.
+int lsq_quantize_row(int dot_type, const float *x, int64_t n, void *out, int reference) {
+    ggml_from_float_t quantize = reference ? ggml_get_type_traits_cpu((enum ggml_type) dot_type)->from_float
+                                           : quantizer((enum ggml_type) dot_type);
+    if (!quantize || n % ggml_blck_size((enum ggml_type) dot_type)) return -1;
+    quantize(x, out, n);
+    return 0;
+}
+
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
 // vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
 // *yd: their block scales as floats where the type has them (block_scales), else NULL.
@@ -326,7 +347,7 @@ static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_
     enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
     *yd = NULL;
     if (dot_type == GGML_TYPE_F32) return (const char *) x;
-    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    ggml_from_float_t quantize = quantizer(dot_type);
     if (!quantize) return NULL;
     size_t xq_bytes = ggml_row_size(dot_type, n_in);
     for (int64_t r = 0; r < rows; r++) quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
@@ -536,7 +557,7 @@ int lsq_activation_error(int type, const float *x, int64_t n, int64_t rows, floa
         for (int64_t r = 0; r < rows; r++) out[r] = 0.0f;
         return 0;
     }
-    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    ggml_from_float_t quantize = quantizer(dot_type);
     if (!quantize || dot_type == GGML_TYPE_Q8_1) return -1;
     for (int64_t r = 0; r < rows; r++) {
         quantize(x + r * n, scratch, n);
@@ -559,7 +580,7 @@ int lsq_activation_rows(int type, const float *x, int64_t n, int64_t rows, float
         for (int64_t i = 0; i < rows * n; i++) out[i] = x[i];
         return 0;
     }
-    ggml_from_float_t quantize = ggml_get_type_traits_cpu(dot_type)->from_float;
+    ggml_from_float_t quantize = quantizer(dot_type);
     if (!quantize || dot_type == GGML_TYPE_Q8_1) return -1;
     for (int64_t r = 0; r < rows; r++) {
         quantize(x + r * n, scratch, n);
@@ -570,18 +591,22 @@ int lsq_activation_rows(int type, const float *x, int64_t n, int64_t rows, float
 
 // Attention for `rows` query rows at positions start, start+1, ...: row r attends to keys
 // 0..start+r. q: (rows, heads, dim) fp32, rotated and scaled; keys, values: (kv_heads, capacity,
-// dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed alone, each
-// score and each output value summed in an order fixed by dim and the row's own key count, so a
-// row comes out the same in any pass: batch-invariant by construction. Heads sharing a kv head
-// (grouped queries) read the same keys.
+// dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed by the same
+// operations whatever else is computed beside it: each score and each output value summed in an
+// order fixed by dim and the row's own key count, so a row comes out the same in any pass:
+// batch-invariant by construction. The query heads of a row that share a kv head (grouped
+// queries) are taken up to QUERIES_AT_ONCE at a time, so that each key and value read from the
+// cache serves them all: one head at a time, the loops were bound by their loads (each key and
+// value read once per head), not by their multiply-adds.
 struct attention_s {
     const float *q, *keys, *values;
     float *out;
     int64_t capacity, rows, start;
-    int heads, group, dim;
+    int heads, kv_heads, group, dim;
+    int chunks;  // items per (row, kv head): its query heads split into this many near-equal parts
     atomic_int_fast64_t next;
     int64_t total;
-    float *scratch;  // (threads, capacity) scores
+    float *scratch;  // (threads, QUERIES_AT_ONCE, capacity) scores
 };
 
 // ggml-cpu's vectorized exponentials (vec.h), compiled for this build's ISA: its sum runs in an
@@ -592,68 +617,133 @@ extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float
 // has (an AVX register, two SSE or NEON ones), without intrinsics for each.
 typedef float lsq_v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
-#define KEYS_AT_ONCE 4
+#define QUERIES_AT_ONCE 4
+// Keys whose scores are summed at once, and eight-value chunks of each query's output summed at
+// once: with QUERIES_AT_ONCE, sums that fit AVX2's 16 registers beside what they read (AVX-512's
+// 32 took twice as many and were no faster). Neither changes any sum's operations.
+#define KEYS_AT_ONCE 2
+#define VALUE_CHUNKS 2
+
+#define ALWAYS_INLINE_ATTENTION inline __attribute__((always_inline))
+
+static ALWAYS_INLINE_ATTENTION lsq_v8 load8(const float *p) { return *(const lsq_v8 *) p; }
+
+// a * b + c rounded once, lane by lane, whatever the compiler would contract: every score and
+// output value takes the same operations in every loop below.
+static ALWAYS_INLINE_ATTENTION lsq_v8 fma8(lsq_v8 a, lsq_v8 b, lsq_v8 c) {
+#if defined(__FMA__) && defined(__AVX__)
+    return (lsq_v8) _mm256_fmadd_ps((__m256) a, (__m256) b, (__m256) c);
+#else
+    lsq_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
+#endif
+}
 
 // The lanes of v summed in a fixed tree.
 static inline float lanes_sum(lsq_v8 v) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-// scores[j] = q . keys[j] for j < n. Each score is summed alike: eight lanes over dim / 8 chunks,
-// the lanes in a fixed tree, the dim % 8 tail after; four keys at a time only so that their
-// sums overlap in the pipeline (ggml's vec_dot per key spent most of its time on its call and
-// its reduction, at the head sizes of small models).
-static void key_scores(const float *q, const float *keys, int64_t n, int dim, float *scores) {
+// scores[i * capacity + j] = q_i . keys[j] for j < n, for the qn queries q_i = q + i * dim. Each
+// score is summed alike: eight lanes over dim / 8 chunks, the lanes in a fixed tree, the dim % 8
+// tail after; KEYS_AT_ONCE keys at a time so that each chunk of a key, read once, serves every
+// query and their sums overlap in the pipeline.
+static ALWAYS_INLINE_ATTENTION void key_scores(const float *q, const int qn, const float *keys, int64_t n, int dim,
+                                               float *scores, int64_t capacity) {
     const int chunks = dim / 8;
     int64_t j = 0;
     for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
-        lsq_v8 acc[KEYS_AT_ONCE] = {0};
+        lsq_v8 acc[KEYS_AT_ONCE][QUERIES_AT_ONCE] = {{{0}}};
         for (int c = 0; c < chunks; c++) {
-            const lsq_v8 qc = *(const lsq_v8 *) (q + 8 * c);
-            for (int k = 0; k < KEYS_AT_ONCE; k++) acc[k] += qc * *(const lsq_v8 *) (keys + (j + k) * dim + 8 * c);
+            lsq_v8 k[KEYS_AT_ONCE];
+            for (int t = 0; t < KEYS_AT_ONCE; t++) k[t] = load8(keys + (j + t) * dim + 8 * c);
+            for (int i = 0; i < qn; i++) {
+                const lsq_v8 qc = load8(q + i * dim + 8 * c);
+                for (int t = 0; t < KEYS_AT_ONCE; t++) acc[t][i] = fma8(qc, k[t], acc[t][i]);
+            }
         }
-        for (int k = 0; k < KEYS_AT_ONCE; k++) scores[j + k] = lanes_sum(acc[k]);
+        for (int i = 0; i < qn; i++) {
+            for (int t = 0; t < KEYS_AT_ONCE; t++) scores[i * capacity + j + t] = lanes_sum(acc[t][i]);
+        }
     }
     for (; j < n; j++) {
-        lsq_v8 acc = {0};
-        for (int c = 0; c < chunks; c++) acc += *(const lsq_v8 *) (q + 8 * c) * *(const lsq_v8 *) (keys + j * dim + 8 * c);
-        scores[j] = lanes_sum(acc);
+        lsq_v8 acc[QUERIES_AT_ONCE] = {{0}};
+        for (int c = 0; c < chunks; c++) {
+            const lsq_v8 k = load8(keys + j * dim + 8 * c);
+            for (int i = 0; i < qn; i++) acc[i] = fma8(load8(q + i * dim + 8 * c), k, acc[i]);
+        }
+        for (int i = 0; i < qn; i++) scores[i * capacity + j] = lanes_sum(acc[i]);
     }
     for (int d = 8 * chunks; d < dim; d++) {
-        for (int64_t i = 0; i < n; i++) scores[i] += q[d] * keys[i * dim + d];
+        for (int i = 0; i < qn; i++) {
+            for (int64_t jj = 0; jj < n; jj++)
+                scores[i * capacity + jj] = fmaf(q[i * dim + d], keys[jj * dim + d], scores[i * capacity + jj]);
+        }
     }
 }
 
-// out (dim floats) = scale times the values weighted by the scores of their n keys: each output
-// value sums its keys in order, one fused multiply-add a key, from +0 (what a loop over d into
-// out compiles to), 64 values at a time (then 8, then one) so that their sums stay in registers
-// rather than go through memory at every key.
-static void weighted_values(const float *scores, const float *values, int64_t n, int dim, float scale,
-                            float *out) {
+// out + i * dim (dim floats) = scale[i] times the values weighted by query i's scores (at
+// scores + i * capacity) of their n keys, for qn queries: each output value sums its keys in
+// order, one fused multiply-add a key, from +0, VALUE_CHUNKS * 8 values of every query at a time
+// (then 8, then one; first 32 with AVX-512) so that their sums stay in registers and each value
+// read serves every query.
+static ALWAYS_INLINE_ATTENTION void weighted_values(const float *scores, int64_t capacity, const int qn,
+                                                    const float *values, int64_t n, int dim, const float *scale,
+                                                    float *out) {
     int d0 = 0;
-    for (; d0 + 64 <= dim; d0 += 64) {
-        lsq_v8 acc[8] = {0};
+#if defined(__AVX512F__)
+    // The same sums 32 values at a time in two AVX-512 registers: half the instructions and loads.
+    for (; d0 + 32 <= dim; d0 += 32) {
+        __m512 acc[QUERIES_AT_ONCE][2];
+        for (int i = 0; i < QUERIES_AT_ONCE; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; j++) {
-            const float s = scores[j];
-            const lsq_v8 p = {s, s, s, s, s, s, s, s};
-            const float *v = values + j * dim + d0;
-            for (int c = 0; c < 8; c++) acc[c] += p * *(const lsq_v8 *) (v + 8 * c);
+            const __m512 v0 = _mm512_loadu_ps(values + j * dim + d0), v1 = _mm512_loadu_ps(values + j * dim + d0 + 16);
+            for (int i = 0; i < qn; i++) {
+                const __m512 p = _mm512_set1_ps(scores[i * capacity + j]);
+                acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+            }
         }
-        for (int c = 0; c < 8; c++) *(lsq_v8 *) (out + d0 + 8 * c) = acc[c] * scale;
+        for (int i = 0; i < qn; i++) {
+            _mm512_storeu_ps(out + i * dim + d0, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(scale[i])));
+            _mm512_storeu_ps(out + i * dim + d0 + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(scale[i])));
+        }
+    }
+#endif
+    for (; d0 + 8 * VALUE_CHUNKS <= dim; d0 += 8 * VALUE_CHUNKS) {
+        lsq_v8 acc[QUERIES_AT_ONCE][VALUE_CHUNKS] = {{{0}}};
+        for (int64_t j = 0; j < n; j++) {
+            lsq_v8 v[VALUE_CHUNKS];
+            for (int c = 0; c < VALUE_CHUNKS; c++) v[c] = load8(values + j * dim + d0 + 8 * c);
+            for (int i = 0; i < qn; i++) {
+                const float s = scores[i * capacity + j];
+                const lsq_v8 p = {s, s, s, s, s, s, s, s};
+                for (int c = 0; c < VALUE_CHUNKS; c++) acc[i][c] = fma8(p, v[c], acc[i][c]);
+            }
+        }
+        for (int i = 0; i < qn; i++) {
+            for (int c = 0; c < VALUE_CHUNKS; c++) *(lsq_v8 *) (out + i * dim + d0 + 8 * c) = acc[i][c] * scale[i];
+        }
     }
     for (; d0 + 8 <= dim; d0 += 8) {
-        lsq_v8 acc = {0};
+        lsq_v8 acc[QUERIES_AT_ONCE] = {{0}};
         for (int64_t j = 0; j < n; j++) {
-            const float s = scores[j];
-            const lsq_v8 p = {s, s, s, s, s, s, s, s};
-            acc += p * *(const lsq_v8 *) (values + j * dim + d0);
+            const lsq_v8 v = load8(values + j * dim + d0);
+            for (int i = 0; i < qn; i++) {
+                const float s = scores[i * capacity + j];
+                const lsq_v8 p = {s, s, s, s, s, s, s, s};
+                acc[i] = fma8(p, v, acc[i]);
+            }
         }
-        *(lsq_v8 *) (out + d0) = acc * scale;
+        for (int i = 0; i < qn; i++) *(lsq_v8 *) (out + i * dim + d0) = acc[i] * scale[i];
     }
     for (; d0 < dim; d0++) {
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) sum = fmaf(scores[j], values[j * dim + d0], sum);
-        out[d0] = sum * scale;
+        for (int i = 0; i < qn; i++) {
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; j++) sum = fmaf(scores[i * capacity + j], values[j * dim + d0], sum);
+            out[i * dim + d0] = sum * scale[i];
+        }
     }
 }
 
@@ -673,28 +763,52 @@ static float largest(const float *scores, int64_t n) {
     return most;
 }
 
+// qn query heads of one row (q, out: their first, dim floats apart) over the n keys and values
+// of their kv head; scores: QUERIES_AT_ONCE rows of capacity floats.
+static ALWAYS_INLINE_ATTENTION void attend_queries(const float *q, const int qn, const float *keys,
+                                                   const float *values, int64_t n, int dim, float *scores,
+                                                   int64_t capacity, float *out) {
+    key_scores(q, qn, keys, n, dim, scores, capacity);
+    float scale[QUERIES_AT_ONCE];
+    for (int i = 0; i < qn; i++) {
+        float *row = scores + i * capacity;
+        scale[i] = (float) (1.0 / ggml_vec_soft_max_f32((int) n, row, row, largest(row, n)));
+    }
+    weighted_values(scores, capacity, qn, values, n, dim, scale, out);
+}
+
+// Item `item`: row r, kv head g, and part i of g's query heads.
 static void attend_one(attention_t *a, int64_t item, float *scores) {
-    int64_t r = item / a->heads;
-    int h = (int) (item % a->heads);
-    int kv = h / a->group;
-    int64_t n = a->start + r + 1;
+    const int64_t per_row = (int64_t) a->kv_heads * a->chunks;
+    const int64_t r = item / per_row;
+    const int g = (int) (item % per_row) / a->chunks, i = (int) (item % per_row) % a->chunks;
+    const int base = a->group / a->chunks, extra = a->group % a->chunks;
+    const int h = g * a->group + i * base + (i < extra ? i : extra), qn = base + (i < extra);
+    const int64_t n = a->start + r + 1;
     const int dim = a->dim;
     const float *q = a->q + (r * a->heads + h) * dim;
-    const float *keys = a->keys + (int64_t) kv * a->capacity * dim;
-    const float *values = a->values + (int64_t) kv * a->capacity * dim;
-    key_scores(q, keys, n, dim, scores);
-    const float scale = (float) (1.0 / ggml_vec_soft_max_f32((int) n, scores, scores, largest(scores, n)));
-    weighted_values(scores, values, n, dim, scale, a->out + (r * a->heads + h) * dim);
+    const float *keys = a->keys + (int64_t) g * a->capacity * dim;
+    const float *values = a->values + (int64_t) g * a->capacity * dim;
+    float *out = a->out + (r * a->heads + h) * dim;
+    switch (qn) {  // each count its own loops, unrolled, their sums in registers
+        case 1: attend_queries(q, 1, keys, values, n, dim, scores, a->capacity, out); break;
+        case 2: attend_queries(q, 2, keys, values, n, dim, scores, a->capacity, out); break;
+        case 3: attend_queries(q, 3, keys, values, n, dim, scores, a->capacity, out); break;
+        default: attend_queries(q, 4, keys, values, n, dim, scores, a->capacity, out); break;
+    }
 }
 
 static void run_attention(attention_t *a, int slot) {
-    float *scores = a->scratch + (int64_t) slot * a->capacity;
+    float *scores = a->scratch + (int64_t) slot * QUERIES_AT_ONCE * a->capacity;
     for (;;) {
         int64_t item = atomic_fetch_add(&a->next, 1);
         if (item >= a->total) return;
         attend_one(a, item, scores);
     }
 }
+
+// Floats of scratch lsq_attention needs for a cache of capacity positions.
+int64_t lsq_attention_scratch(int64_t capacity) { return (int64_t) pool.threads * QUERIES_AT_ONCE * capacity; }
 
 // x (pairs of floats, as complex numbers) times the complex factors f, into y.
 static void rotate(const float *x, const float *f, int pairs, float *y) {
@@ -725,7 +839,7 @@ static void rotate_into_cache(const float *qkv, const float *rotary, float *keys
 }
 
 // A layer's attention for a pass (see attend_one), from its projected heads (see
-// rotate_into_cache); q_scratch holds rows * heads * dim floats, scratch threads * capacity.
+// rotate_into_cache); q_scratch holds rows * heads * dim floats, scratch lsq_attention_scratch(capacity).
 int lsq_attention(const float *qkv, const float *rotary, float *keys, float *values, int64_t capacity, int64_t rows,
                   int64_t start, int heads, int kv_heads, int dim, float *out, float *q_scratch, float *scratch) {
     if (!pool.ready || kv_heads < 1 || heads % kv_heads || dim % 2 || start + rows > capacity) return -1;
@@ -739,9 +853,11 @@ int lsq_attention(const float *qkv, const float *rotary, float *keys, float *val
     a->rows = rows;
     a->start = start;
     a->heads = heads;
+    a->kv_heads = kv_heads;
     a->group = heads / kv_heads;
+    a->chunks = (a->group + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE;
     a->dim = dim;
-    a->total = rows * heads;
+    a->total = rows * kv_heads * a->chunks;
     a->scratch = scratch;
     atomic_store(&a->next, 0);
     if (pool.threads < 2) {
