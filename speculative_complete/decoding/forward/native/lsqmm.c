@@ -21,8 +21,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <math.h>
-#if defined(__FMA__) && defined(__AVX__)
-#include <immintrin.h>
+#if defined(__AVX__)
+#include <immintrin.h>  // fma8 and the AVX-512 weighted values
 #endif
 
 #include "ggml.h"
@@ -332,6 +332,7 @@ static ggml_from_float_t quantizer(enum ggml_type dot_type) {
 // x (n floats) quantized to dot_type at out as the products quantize it, or with `reference`
 // by ggml's own function (what the tests compare kquant.c's with). -1 for a type ggml cannot make.
 int lsq_quantize_row(int dot_type, const float *x, int64_t n, void *out, int reference) {
+    if (dot_type < 0 || dot_type >= GGML_TYPE_COUNT) return -1;
     ggml_from_float_t quantize = reference ? ggml_get_type_traits_cpu((enum ggml_type) dot_type)->from_float
                                            : quantizer((enum ggml_type) dot_type);
     if (!quantize || n % ggml_blck_size((enum ggml_type) dot_type)) return -1;
@@ -624,13 +625,13 @@ typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
 #define KEYS_AT_ONCE 2
 #define VALUE_CHUNKS 2
 
-#define ALWAYS_INLINE_ATTENTION inline __attribute__((always_inline))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
-static ALWAYS_INLINE_ATTENTION lsq_v8 load8(const float *p) { return *(const lsq_v8 *) p; }
+static ALWAYS_INLINE lsq_v8 load8(const float *p) { return *(const lsq_v8 *) p; }
 
 // a * b + c rounded once, lane by lane, whatever the compiler would contract: every score and
 // output value takes the same operations in every loop below.
-static ALWAYS_INLINE_ATTENTION lsq_v8 fma8(lsq_v8 a, lsq_v8 b, lsq_v8 c) {
+static ALWAYS_INLINE lsq_v8 fma8(lsq_v8 a, lsq_v8 b, lsq_v8 c) {
 #if defined(__FMA__) && defined(__AVX__)
     return (lsq_v8) _mm256_fmadd_ps((__m256) a, (__m256) b, (__m256) c);
 #else
@@ -649,8 +650,8 @@ static inline float lanes_sum(lsq_v8 v) {
 // score is summed alike: eight lanes over dim / 8 chunks, the lanes in a fixed tree, the dim % 8
 // tail after; KEYS_AT_ONCE keys at a time so that each chunk of a key, read once, serves every
 // query and their sums overlap in the pipeline.
-static ALWAYS_INLINE_ATTENTION void key_scores(const float *q, const int qn, const float *keys, int64_t n, int dim,
-                                               float *scores, int64_t capacity) {
+static ALWAYS_INLINE void key_scores(const float *q, const int qn, const float *keys, int64_t n, int dim,
+                                     float *scores, int64_t capacity) {
     const int chunks = dim / 8;
     int64_t j = 0;
     for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
@@ -688,9 +689,9 @@ static ALWAYS_INLINE_ATTENTION void key_scores(const float *q, const int qn, con
 // order, one fused multiply-add a key, from +0, VALUE_CHUNKS * 8 values of every query at a time
 // (then 8, then one; first 32 with AVX-512) so that their sums stay in registers and each value
 // read serves every query.
-static ALWAYS_INLINE_ATTENTION void weighted_values(const float *scores, int64_t capacity, const int qn,
-                                                    const float *values, int64_t n, int dim, const float *scale,
-                                                    float *out) {
+static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity, const int qn,
+                                          const float *values, int64_t n, int dim, const float *scale,
+                                          float *out) {
     int d0 = 0;
 #if defined(__AVX512F__)
     // The same sums 32 values at a time in two AVX-512 registers: half the instructions and loads.
@@ -765,9 +766,9 @@ static float largest(const float *scores, int64_t n) {
 
 // qn query heads of one row (q, out: their first, dim floats apart) over the n keys and values
 // of their kv head; scores: QUERIES_AT_ONCE rows of capacity floats.
-static ALWAYS_INLINE_ATTENTION void attend_queries(const float *q, const int qn, const float *keys,
-                                                   const float *values, int64_t n, int dim, float *scores,
-                                                   int64_t capacity, float *out) {
+static ALWAYS_INLINE void attend_queries(const float *q, const int qn, const float *keys,
+                                         const float *values, int64_t n, int dim, float *scores,
+                                         int64_t capacity, float *out) {
     key_scores(q, qn, keys, n, dim, scores, capacity);
     float scale[QUERIES_AT_ONCE];
     for (int i = 0; i < qn; i++) {
