@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kpool.h"
+
 int lsq_rms_norm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out);
 int lsq_matmul_many(int count, const int *types, const void *const *ws, const int64_t *n_outs, int64_t n_in,
                     const float *x, int64_t rows, float *y, int64_t ldy, void *scratch, const float *residual);
@@ -47,17 +49,29 @@ static int product(const lsq_group *g, const float *x, int64_t n_in, int64_t row
     return lsq_matmul_many(g->count, g->types, g->ws, g->n_outs, n_in, x, rows, y, g->n_out, scratch, residual);
 }
 
+typedef struct {
+    const lsq_layer *l;
+    const float *raw;
+    int64_t n;
+    float *qkv;
+} arrange_t;
+
+// Row r of arrange_heads.
+static void arrange_row(void *ctx, int64_t r) {
+    const arrange_t *a = ctx;
+    const float *from = a->raw + r * a->n;
+    float *to = a->qkv + r * a->n;
+    for (int64_t c = 0; c < a->n; c++) to[c] = a->l->qkv_order ? from[a->l->qkv_order[c]] : from[c];
+    if (a->l->qkv_bias) {
+        for (int64_t c = 0; c < a->n; c++) to[c] = to[c] + a->l->qkv_bias[c];
+    }
+}
+
 // The projected heads: raw's columns in the layer's order, plus its biases (one float add each,
 // as torch adds them).
 static void arrange_heads(const lsq_layer *l, const float *raw, int64_t rows, int64_t n, float *qkv) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *from = raw + r * n;
-        float *to = qkv + r * n;
-        for (int64_t c = 0; c < n; c++) to[c] = l->qkv_order ? from[l->qkv_order[c]] : from[c];
-        if (l->qkv_bias) {
-            for (int64_t c = 0; c < n; c++) to[c] = to[c] + l->qkv_bias[c];
-        }
-    }
+    arrange_t a = {l, raw, n, qkv};
+    lsq_for_each_row(arrange_row, &a, rows);
 }
 
 // h (rows, dim) through layers[0..count), in place; the pass's positions start at start.

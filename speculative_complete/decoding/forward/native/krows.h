@@ -11,12 +11,16 @@
 // between its sums (half the memory's rate on the 2-core machine); 4-16 KB measured alike there.
 #define LSQ_PREFETCH_BYTES 8192
 
-// Ask for the weight bytes LSQ_PREFETCH_BYTES past [p, p + size), one request per cache line.
+// Ask for the weight bytes LSQ_PREFETCH_BYTES past [p, p + size), one request per cache line,
+// into the second-level cache, not the first: a pass of eight rows keeps their quantized
+// activations in the first (8 rows of 1536 values take 21 KB of its 32 with their extras), and
+// the requests into it pushed them out, and products of several rows then ran well below their
+// rate on weights already in cache (CHANGELOG.md, 2026-12-07, evening).
 static inline void lsq_ahead(const void *p, size_t size) {
     const char *c = (const char *) p + LSQ_PREFETCH_BYTES;
     const uintptr_t last = ((uintptr_t) c + size - 1) & ~(uintptr_t) 63;
     for (uintptr_t line = (uintptr_t) c & ~(uintptr_t) 63; line <= last; line += 64) {
-        __builtin_prefetch((const void *) line, 0, 3);
+        __builtin_prefetch((const void *) line, 0, 1);
     }
 }
 

@@ -6,15 +6,28 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kpool.h"
+
 // ggml-cpu's vectorized SwiGLU (vec.h): y = silu(x) * g, each element alone.
 extern void ggml_vec_swiglu_f32(const int n, float *y, const float *x, const float *g);
 
-// out (rows, ffn) = silu(gate) * up for gate_up (rows, 2 ffn): each row's gate, then its up.
+typedef struct {
+    const float *gate_up;
+    int64_t ffn;
+    float *out;
+} swiglu_t;
+
+static void swiglu_row(void *ctx, int64_t r) {
+    const swiglu_t *a = ctx;
+    const float *gate = a->gate_up + r * 2 * a->ffn;
+    ggml_vec_swiglu_f32((int) a->ffn, a->out + r * a->ffn, gate, gate + a->ffn);
+}
+
+// out (rows, ffn) = silu(gate) * up for gate_up (rows, 2 ffn): each row's gate, then its up; the
+// rows split between the library's threads.
 int lsq_swiglu(const float *gate_up, int64_t rows, int64_t ffn, float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * ffn;
-        ggml_vec_swiglu_f32((int) ffn, out + r * ffn, gate, gate + ffn);
-    }
+    swiglu_t a = {gate_up, ffn, out};
+    lsq_for_each_row(swiglu_row, &a, rows);
     return 0;
 }
 

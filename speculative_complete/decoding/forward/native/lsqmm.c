@@ -30,6 +30,7 @@
 #define GGML_COMMON_DECL_C
 #include "ggml-common.h"
 #include "kpacked.h"
+#include "kpool.h"
 #include "kquant.h"
 #include "krows.h"
 
@@ -42,7 +43,7 @@ typedef struct {
     size_t row_bytes;
     const char *xq;         // activation rows quantized to vec_dot_type, xq_bytes apart
     size_t xq_bytes;
-    const float *yd;        // the activations' block scales as floats (block_scales), or NULL
+    const float *yd;        // the activations' block scales as floats (fill_scales), or NULL
     int64_t yd_row;         // floats of yd per activation row
     ggml_vec_dot_t vec_dot;
     const lsq_rows_kernel_t *rows_kernels;  // several rows at once (krows.c), or NULL: vec_dot
@@ -67,6 +68,15 @@ typedef struct attention_s attention_t;
 static void run_attention(attention_t *a, int slot);
 static struct attention_s attention_job;
 
+// Work done row by row (lsq_for_each_row): fn(ctx, r) for every row r, each by whichever thread
+// takes it.
+typedef struct {
+    void (*fn)(void *ctx, int64_t row);
+    void *ctx;
+    int64_t rows;
+    atomic_int_fast64_t next;
+} rows_job_t;
+
 static struct {
     int threads;
     pthread_t workers[MAX_THREADS];
@@ -77,7 +87,8 @@ static struct {
     pthread_mutex_t mutex;
     pthread_cond_t wake;
     job_t job;
-    int task;  // 0: the matmul job, 1: the attention job
+    rows_job_t rows_job;
+    int task;  // 0: the matmul job, 1: the attention job, 2: the rows job
     int ready;
 } pool;
 
@@ -166,6 +177,21 @@ static void run_chunks(job_t *job, int slot) {
     for (int i = 0; i < threads; i++) run_share(job, (slot + i) % threads);
 }
 
+static void run_rows_job(rows_job_t *job) {
+    for (;;) {
+        const int64_t r = atomic_fetch_add(&job->next, 1);
+        if (r >= job->rows) return;
+        job->fn(job->ctx, r);
+    }
+}
+
+// This thread's part of the current task (``pool.task``).
+static void run_task(int slot) {
+    if (pool.task == 0) run_chunks(&pool.job, slot);
+    else if (pool.task == 1) run_attention(&attention_job, slot);
+    else run_rows_job(&pool.rows_job);
+}
+
 static void *worker(void *arg) {
     (void) arg;
     int seen = atomic_load(&pool.generation);
@@ -188,11 +214,7 @@ static void *worker(void *arg) {
         }
         if (atomic_load(&pool.stop)) return NULL;
         seen = atomic_load(&pool.generation);
-        if (pool.task == 0) {
-            run_chunks(&pool.job, (int) (intptr_t) arg);
-        } else {
-            run_attention(&attention_job, (int) (intptr_t) arg);
-        }
+        run_task((int) (intptr_t) arg);
         atomic_fetch_add_explicit(&pool.finished, 1, memory_order_release);
     }
 }
@@ -208,11 +230,7 @@ static void post_and_join(void) {
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.mutex);
     }
-    if (pool.task == 0) {
-        run_chunks(&pool.job, 0);
-    } else {
-        run_attention(&attention_job, 0);
-    }
+    run_task(0);
     while (atomic_load_explicit(&pool.finished, memory_order_acquire) < helpers) cpu_relax();
 }
 
@@ -236,6 +254,19 @@ int lsq_init(int threads) {
 }
 
 int lsq_threads(void) { return pool.threads; }
+
+void lsq_for_each_row(void (*fn)(void *ctx, int64_t row), void *ctx, int64_t rows) {
+    if (rows < 2 || pool.threads < 2 || !pool.ready) {
+        for (int64_t r = 0; r < rows; r++) fn(ctx, r);
+        return;
+    }
+    pool.rows_job.fn = fn;
+    pool.rows_job.ctx = ctx;
+    pool.rows_job.rows = rows;
+    atomic_store(&pool.rows_job.next, 0);
+    pool.task = 2;
+    post_and_join();
+}
 
 // Bytes of one row of n values of ggml type `type`.
 size_t lsq_row_bytes(int type, int64_t n) { return ggml_row_size((enum ggml_type) (type & ~LSQ_PACKED), n); }
@@ -281,26 +312,29 @@ static void q8_K_sums(const block_q8_K *y, float *out) {
     memcpy(out + 4, pairs, sizeof(pairs));
 }
 
-// The scales of the rows xq of type t (Q8_0, Q8_1 or Q8_K) into `scales`; NULL if it cannot grow.
-static const float *block_scales(enum ggml_type t, const char *xq, int64_t n_in, int64_t rows) {
-    const int per_block = scale_floats(t);
-    const int64_t blocks = rows * (n_in / ggml_blck_size(t));
-    if (blocks * per_block > scales.capacity) {
-        float *d = realloc(scales.d, (size_t) (blocks * per_block) * sizeof(float));
+// `scales` with room for `floats`; NULL if it cannot grow.
+static float *scales_room(int64_t floats) {
+    if (floats > scales.capacity) {
+        float *d = realloc(scales.d, (size_t) floats * sizeof(float));
         if (!d) return NULL;
         scales.d = d;
-        scales.capacity = blocks * per_block;
-    }
-    const size_t block_bytes = ggml_type_size(t);  // each block starts with its halves: d (then s)
-    if (t == GGML_TYPE_Q8_K) {
-        for (int64_t b = 0; b < blocks; b++) q8_K_sums((const block_q8_K *) xq + b, scales.d + b * per_block);
-        return scales.d;
-    }
-    for (int64_t b = 0; b < blocks; b++) {
-        const ggml_fp16_t *h = (const ggml_fp16_t *) (xq + b * block_bytes);
-        for (int k = 0; k < per_block; k++) scales.d[b * per_block + k] = ggml_fp16_to_fp32(h[k]);
+        scales.capacity = floats;
     }
     return scales.d;
+}
+
+// The scales of `blocks` blocks of type t (Q8_0, Q8_1 or Q8_K) at xq into out, scale_floats(t) each.
+static void fill_scales(enum ggml_type t, const char *xq, int64_t blocks, float *out) {
+    const int per_block = scale_floats(t);
+    if (t == GGML_TYPE_Q8_K) {
+        for (int64_t b = 0; b < blocks; b++) q8_K_sums((const block_q8_K *) xq + b, out + b * per_block);
+        return;
+    }
+    const size_t block_bytes = ggml_type_size(t);  // each block starts with its halves: d (then s)
+    for (int64_t b = 0; b < blocks; b++) {
+        const ggml_fp16_t *h = (const ggml_fp16_t *) (xq + b * block_bytes);
+        for (int k = 0; k < per_block; k++) out[b * per_block + k] = ggml_fp16_to_fp32(h[k]);
+    }
 }
 
 // The extras of activation rows for packed products (lsq_packed_extras), kept between calls.
@@ -309,16 +343,14 @@ static struct {
     int64_t capacity;
 } extras;
 
-// The extras of the rows xq (quantized to dot_type) into `extras`; NULL if it cannot grow.
-static const int32_t *packed_extras(enum ggml_type dot_type, const char *xq, int64_t n_in, int64_t rows) {
-    const int64_t size = rows * lsq_packed_extras_row(dot_type, n_in);
+// `extras` with room for `size` int32s; NULL if it cannot grow.
+static int32_t *extras_room(int64_t size) {
     if (size > extras.capacity) {
         int32_t *e = realloc(extras.e, (size_t) size * sizeof(int32_t));
         if (!e) return NULL;
         extras.e = e;
         extras.capacity = size;
     }
-    lsq_packed_extras(dot_type, xq, rows * (n_in / ggml_blck_size(dot_type)), extras.e);
     return extras.e;
 }
 
@@ -340,22 +372,52 @@ int lsq_quantize_row(int dot_type, const float *x, int64_t n, void *out, int ref
     return 0;
 }
 
+typedef struct {
+    ggml_from_float_t quantize;
+    enum ggml_type dot_type;
+    const float *x;
+    int64_t n_in, blocks;  // blocks: a row's
+    char *xq;
+    size_t xq_bytes;
+    float *scales;    // the rows' block scales (fill_scales'), or NULL
+    int32_t *extras;  // the rows' extras for packed products (lsq_packed_extras'), or NULL
+    int64_t extras_row;
+} prepare_t;
+
+// One activation row of quantized_rows: quantized, then its scales and extras from its blocks.
+static void prepare_row(void *ctx, int64_t r) {
+    const prepare_t *p = ctx;
+    char *q = p->xq + r * p->xq_bytes;
+    p->quantize(p->x + r * p->n_in, q, p->n_in);
+    if (p->scales) fill_scales(p->dot_type, q, p->blocks, p->scales + r * p->blocks * scale_floats(p->dot_type));
+    if (p->extras) lsq_packed_extras(p->dot_type, q, p->blocks, p->extras + r * p->extras_row);
+}
+
 // The activation rows x (rows, n_in) as products with `type`'s rows read them: quantized to its
 // vec_dot_type into scratch (rows * lsq_row_bytes(that type, n_in) bytes), or x itself for F32;
-// *yd: their block scales as floats where the type has them (block_scales), else NULL.
+// *yd: their block scales as floats where the type has them (fill_scales), else NULL; *ex: with
+// `with_extras`, their extras for packed products (lsq_packed_extras), else NULL. The rows are split
+// between the threads (lsq_for_each_row).
 static const char *quantized_rows(int type, int64_t n_in, const float *x, int64_t rows, void *scratch,
-                                  const float **yd) {
+                                  const float **yd, int with_extras, const int32_t **ex) {
     enum ggml_type dot_type = ggml_get_type_traits_cpu((enum ggml_type) (type & ~LSQ_PACKED))->vec_dot_type;
     *yd = NULL;
+    *ex = NULL;
     if (dot_type == GGML_TYPE_F32) return (const char *) x;
-    ggml_from_float_t quantize = quantizer(dot_type);
-    if (!quantize) return NULL;
-    size_t xq_bytes = ggml_row_size(dot_type, n_in);
-    for (int64_t r = 0; r < rows; r++) quantize(x + r * n_in, (char *) scratch + r * xq_bytes, n_in);
+    prepare_t p = {quantizer(dot_type), dot_type, x, n_in, n_in / ggml_blck_size(dot_type), scratch,
+                   ggml_row_size(dot_type, n_in), NULL, NULL, lsq_packed_extras_row(dot_type, n_in)};
+    if (!p.quantize) return NULL;
     if (scale_floats(dot_type)) {
-        *yd = block_scales(dot_type, (const char *) scratch, n_in, rows);
-        if (!*yd) return NULL;
+        p.scales = scales_room(p.blocks * rows * scale_floats(dot_type));
+        if (!p.scales) return NULL;
     }
+    if (with_extras) {
+        p.extras = extras_room(rows * p.extras_row);
+        if (!p.extras) return NULL;
+    }
+    lsq_for_each_row(prepare_row, &p, rows);
+    *yd = p.scales;
+    *ex = p.extras;
     return (const char *) scratch;
 }
 
@@ -404,6 +466,18 @@ static void product(int packed_type, const void *w, int64_t n_out, int64_t n_in,
     post_and_join();
 }
 
+typedef struct {
+    float *y;
+    const float *residual;
+    int64_t ldy, n;
+} residual_t;
+
+// Row r of y (n of its ldy floats) plus the same of residual's.
+static void add_residual_row(void *ctx, int64_t r) {
+    const residual_t *a = ctx;
+    for (int64_t c = 0; c < a->n; c++) a->y[r * a->ldy + c] += a->residual[r * a->ldy + c];
+}
+
 // Several weights side by side (q, k and v; gate and up) in one call: weight i's n_outs[i] rows
 // of types[i] at ws[i] fill y's next n_outs[i] columns. x (rows, n_in) is quantized once for
 // weights whose activation type is the one before's into scratch (at least rows *
@@ -425,23 +499,23 @@ static int matmul_many(int count, const int *types, const void *const *ws, const
         const struct ggml_type_traits_cpu *traits = ggml_get_type_traits_cpu((enum ggml_type) type);
         if (!traits->vec_dot) return -1;
         if (type != types[i] && (reference || !lsq_packed_kernels(type, 0) || n_outs[i] % lsq_packed_rows())) return -3;
-        if ((int) traits->vec_dot_type != quantized_for) {
-            xq = quantized_rows(type, n_in, x, rows, scratch, &yd);
+        if ((int) traits->vec_dot_type != quantized_for) {  // the extras only packed kernels read
+            xq = quantized_rows(type, n_in, x, rows, scratch, &yd, type != types[i], &ex);
             if (!xq) return -2;
             quantized_for = (int) traits->vec_dot_type;
-            ex = NULL;
         }
-        if (type != types[i] && !ex) {  // the extras only packed kernels read, once per quantization
-            ex = packed_extras(traits->vec_dot_type, xq, n_in, rows);
-            if (!ex) return -2;
+        if (type != types[i] && !ex) {  // a packed weight after one not packed, of one activation type
+            int32_t *room = extras_room(rows * lsq_packed_extras_row(traits->vec_dot_type, n_in));
+            if (!room) return -2;
+            lsq_packed_extras(traits->vec_dot_type, xq, rows * (n_in / ggml_blck_size(traits->vec_dot_type)), room);
+            ex = room;
         }
         product(types[i], ws[i], n_outs[i], n_in, xq, yd, ex, rows, y, ldy, reference);
         y += n_outs[i];
     }
     if (residual) {
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t c = 0; c < y - first; c++) first[r * ldy + c] += residual[r * ldy + c];
-        }
+        residual_t a = {first, residual, ldy, y - first};
+        lsq_for_each_row(add_residual_row, &a, rows);
     }
     return 0;
 }
@@ -457,17 +531,35 @@ static int matmul(int type, const void *w, int64_t n_out, int64_t n_in, const fl
     return matmul_many(1, &type, &w, &n_out, n_in, x, rows, y, ldy, scratch, NULL, reference);
 }
 
-// out (rows, n) = each row of x (rows, n) over its root mean square, times w: the sum of squares
-// in one fixed order (double), so a row comes out the same in any pass.
-int lsq_rms_norm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * n;
-        double sum = 0.0;
-        for (int64_t i = 0; i < n; i++) sum += (double) row[i] * (double) row[i];
-        const float scale = (float) (1.0 / sqrt(sum / (double) n + (double) eps));
-        float *o = out + r * n;
-        for (int64_t i = 0; i < n; i++) o[i] = row[i] * scale * w[i];
+typedef struct {
+    const float *x, *w;
+    int64_t n;
+    float eps;
+    float *out;
+} rms_norm_t;
+
+// One row of lsq_rms_norm: its sum of squares in four lanes (double: each square exact, the
+// lanes added in a fixed order), so that the adds are not one chain of latencies.
+static void rms_norm_row(void *ctx, int64_t r) {
+    const rms_norm_t *a = ctx;
+    const float *row = a->x + r * a->n;
+    double lanes[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 4 <= a->n; i += 4) {
+        for (int k = 0; k < 4; k++) lanes[k] += (double) row[i + k] * (double) row[i + k];
     }
+    for (; i < a->n; i++) lanes[0] += (double) row[i] * (double) row[i];
+    const double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    const float scale = (float) (1.0 / sqrt(sum / (double) a->n + (double) a->eps));
+    float *o = a->out + r * a->n;
+    for (i = 0; i < a->n; i++) o[i] = row[i] * scale * a->w[i];
+}
+
+// out (rows, n) = each row of x (rows, n) over its root mean square, times w: the sum of squares
+// in one fixed order, so a row comes out the same in any pass (and on any thread).
+int lsq_rms_norm(const float *x, const float *w, int64_t rows, int64_t n, float eps, float *out) {
+    rms_norm_t a = {x, w, n, eps, out};
+    lsq_for_each_row(rms_norm_row, &a, rows);
     return 0;
 }
 
@@ -595,16 +687,20 @@ int lsq_activation_rows(int type, const float *x, int64_t n, int64_t rows, float
 // dim) fp32, the layer's cache; out: (rows, heads, dim). Each (row, head) is computed by the same
 // operations whatever else is computed beside it: each score and each output value summed in an
 // order fixed by dim and the row's own key count, so a row comes out the same in any pass:
-// batch-invariant by construction. The query heads of a row that share a kv head (grouped
-// queries) are taken up to QUERIES_AT_ONCE at a time, so that each key and value read from the
-// cache serves them all: one head at a time, the loops were bound by their loads (each key and
-// value read once per head), not by their multiply-adds.
+// batch-invariant by construction. The queries that share a kv head (its grouped query heads, in
+// every row of the pass) are taken up to QUERIES_AT_ONCE at a time, so that each key and value
+// read from the cache serves them all; the keys all of them attend to are summed together, each
+// query's further keys (a later row's) after, its sums carried on. Items go kv head by kv head,
+// so that the threads read one kv head's keys and values while they fit their caches. One head
+// at a time, the loops were bound by their loads (each key and value read once per head), not by
+// their multiply-adds.
 struct attention_s {
     const float *q, *keys, *values;
     float *out;
     int64_t capacity, rows, start;
     int heads, kv_heads, group, dim;
-    int chunks;  // items per (row, kv head): its query heads split into this many near-equal parts
+    int64_t queries;  // queries a kv head serves: rows * group
+    int64_t chunks;   // items per kv head: its queries split into this many near-equal parts
     atomic_int_fast64_t next;
     int64_t total;
     float *scratch;  // (threads, QUERIES_AT_ONCE, capacity) scores
@@ -618,9 +714,15 @@ extern double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float
 // has (an AVX register, two SSE or NEON ones), without intrinsics for each.
 typedef float lsq_v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
+// Queries taken at a time: what AVX2's 16 registers hold of their sums; AVX-512's 32 hold twice as
+// many, so a pass of several rows reads each kv head's keys and values half as often.
+#if defined(__AVX512F__)
+#define QUERIES_AT_ONCE 8
+#else
 #define QUERIES_AT_ONCE 4
+#endif
 // Keys whose scores are summed at once, and eight-value chunks of each query's output summed at
-// once: with QUERIES_AT_ONCE, sums that fit AVX2's 16 registers beside what they read (AVX-512's
+// once: with four queries, sums that fit AVX2's 16 registers beside what they read (AVX-512's
 // 32 took twice as many and were no faster). Neither changes any sum's operations.
 #define KEYS_AT_ONCE 2
 #define VALUE_CHUNKS 2
@@ -646,13 +748,50 @@ static inline float lanes_sum(lsq_v8 v) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-// scores[i * capacity + j] = q_i . keys[j] for j < n, for the qn queries q_i = q + i * dim. Each
-// score is summed alike: eight lanes over dim / 8 chunks, the lanes in a fixed tree, the dim % 8
-// tail after; KEYS_AT_ONCE keys at a time so that each chunk of a key, read once, serves every
-// query and their sums overlap in the pipeline.
-static ALWAYS_INLINE void key_scores(const float *q, const int qn, const float *keys, int64_t n, int dim,
-                                     float *scores, int64_t capacity) {
+#if defined(__AVX__)
+// Level one of lanes_sum's tree for x and y: [x0+x4, x1+x5, x2+x6, x3+x7, y0+y4, ...].
+static ALWAYS_INLINE __m256 halves_sum(lsq_v8 x, lsq_v8 y) {
+    return _mm256_add_ps(_mm256_permute2f128_ps((__m256) x, (__m256) y, 0x20),
+                         _mm256_permute2f128_ps((__m256) x, (__m256) y, 0x31));
+}
+
+// lanes_sum of each of v[0..8), as one vector in that order: the same tree for every lane,
+// levels two and three shuffled across eight sums at once (float addition commutes exactly).
+// One at a time, their lane extractions and scalar adds were a large part of attention's time.
+static ALWAYS_INLINE __m256 lanes_sums(const lsq_v8 v[8]) {
+    const __m256 a = halves_sum(v[0], v[4]), b = halves_sum(v[1], v[5]);
+    const __m256 c = halves_sum(v[2], v[6]), d = halves_sum(v[3], v[7]);
+    const __m256 ab = _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xEE));
+    const __m256 cd = _mm256_add_ps(_mm256_shuffle_ps(c, d, 0x44), _mm256_shuffle_ps(c, d, 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x88), _mm256_shuffle_ps(ab, cd, 0xDD));
+}
+#endif
+
+// qn queries of one kv head: query i at q[i] (dim floats), attending to its first n[i] keys;
+// its scores at scores + i * capacity, its output at out[i].
+typedef struct {
+    const float *q[QUERIES_AT_ONCE];
+    float *out[QUERIES_AT_ONCE];
+    int64_t n[QUERIES_AT_ONCE];
+    int64_t common;  // keys every one of them attends to: the least n
+} queries_t;
+
+// Query q's score for key k: eight lanes over dim / 8 chunks, the lanes in a fixed tree (the
+// dim % 8 tail added after, by key_scores).
+static ALWAYS_INLINE float one_score(const float *q, const float *k, int chunks) {
+    lsq_v8 acc = {0};
+    for (int c = 0; c < chunks; c++) acc = fma8(load8(q + 8 * c), load8(k + 8 * c), acc);
+    return lanes_sum(acc);
+}
+
+// scores[i * capacity + j] = q_i . keys[j] for j < n_i, for the qn queries of qs. Each score is
+// summed alike (one_score's order, then the dim % 8 tail); the keys all of them attend to
+// KEYS_AT_ONCE at a time, so that each chunk of a key, read once, serves every query and their
+// sums overlap in the pipeline.
+static ALWAYS_INLINE void key_scores(const queries_t *qs, const int qn, const float *keys, int dim, float *scores,
+                                     int64_t capacity) {
     const int chunks = dim / 8;
+    const int64_t n = qs->common;
     int64_t j = 0;
     for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
         lsq_v8 acc[KEYS_AT_ONCE][QUERIES_AT_ONCE] = {{{0}}};
@@ -660,38 +799,49 @@ static ALWAYS_INLINE void key_scores(const float *q, const int qn, const float *
             lsq_v8 k[KEYS_AT_ONCE];
             for (int t = 0; t < KEYS_AT_ONCE; t++) k[t] = load8(keys + (j + t) * dim + 8 * c);
             for (int i = 0; i < qn; i++) {
-                const lsq_v8 qc = load8(q + i * dim + 8 * c);
+                const lsq_v8 qc = load8(qs->q[i] + 8 * c);
                 for (int t = 0; t < KEYS_AT_ONCE; t++) acc[t][i] = fma8(qc, k[t], acc[t][i]);
             }
         }
+#if defined(__AVX__) && KEYS_AT_ONCE == 2 && QUERIES_AT_ONCE % 4 == 0
+        // Four queries at a time, query i's two scores in lanes 2i, 2i + 1 (a missing query's sums
+        // are zeros, not stored).
+        for (int f = 0; f < qn; f += 4) {
+            const lsq_v8 order[8] = {acc[0][f],     acc[1][f],     acc[0][f + 1], acc[1][f + 1],
+                                     acc[0][f + 2], acc[1][f + 2], acc[0][f + 3], acc[1][f + 3]};
+            const __m256 sums = lanes_sums(order);
+            const __m128 low = _mm256_castps256_ps128(sums), high = _mm256_extractf128_ps(sums, 1);
+            float *to = scores + f * capacity + j;
+            _mm_storel_pi((__m64 *) to, low);
+            if (qn > f + 1) _mm_storeh_pi((__m64 *) (to + capacity), low);
+            if (qn > f + 2) _mm_storel_pi((__m64 *) (to + 2 * capacity), high);
+            if (qn > f + 3) _mm_storeh_pi((__m64 *) (to + 3 * capacity), high);
+        }
+#else
         for (int i = 0; i < qn; i++) {
             for (int t = 0; t < KEYS_AT_ONCE; t++) scores[i * capacity + j + t] = lanes_sum(acc[t][i]);
         }
+#endif
     }
-    for (; j < n; j++) {
-        lsq_v8 acc[QUERIES_AT_ONCE] = {{0}};
-        for (int c = 0; c < chunks; c++) {
-            const lsq_v8 k = load8(keys + j * dim + 8 * c);
-            for (int i = 0; i < qn; i++) acc[i] = fma8(load8(q + i * dim + 8 * c), k, acc[i]);
-        }
-        for (int i = 0; i < qn; i++) scores[i * capacity + j] = lanes_sum(acc[i]);
+    for (int i = 0; i < qn; i++) {
+        for (int64_t jj = j; jj < qs->n[i]; jj++) scores[i * capacity + jj] = one_score(qs->q[i], keys + jj * dim, chunks);
     }
     for (int d = 8 * chunks; d < dim; d++) {
         for (int i = 0; i < qn; i++) {
-            for (int64_t jj = 0; jj < n; jj++)
-                scores[i * capacity + jj] = fmaf(q[i * dim + d], keys[jj * dim + d], scores[i * capacity + jj]);
+            for (int64_t jj = 0; jj < qs->n[i]; jj++)
+                scores[i * capacity + jj] = fmaf(qs->q[i][d], keys[jj * dim + d], scores[i * capacity + jj]);
         }
     }
 }
 
-// out + i * dim (dim floats) = scale[i] times the values weighted by query i's scores (at
-// scores + i * capacity) of their n keys, for qn queries: each output value sums its keys in
-// order, one fused multiply-add a key, from +0, VALUE_CHUNKS * 8 values of every query at a time
-// (then 8, then one; first 32 with AVX-512) so that their sums stay in registers and each value
-// read serves every query.
-static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity, const int qn,
-                                          const float *values, int64_t n, int dim, const float *scale,
-                                          float *out) {
+// Query i's output (dim floats at qs->out[i]) = scale[i] times the values weighted by its scores
+// (at scores + i * capacity) of its n_i keys: each output value sums its keys in order, one fused
+// multiply-add a key, from +0; VALUE_CHUNKS * 8 values of every query at a time (then 8, then one;
+// first 32 with AVX-512) so that their sums stay in registers and each value read serves every
+// query; a query's keys past the common ones carry its sums on.
+static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity, const queries_t *qs, const int qn,
+                                          const float *values, int dim, const float *scale) {
+    const int64_t n = qs->common;
     int d0 = 0;
 #if defined(__AVX512F__)
     // The same sums 32 values at a time in two AVX-512 registers: half the instructions and loads.
@@ -707,8 +857,13 @@ static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity,
             }
         }
         for (int i = 0; i < qn; i++) {
-            _mm512_storeu_ps(out + i * dim + d0, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(scale[i])));
-            _mm512_storeu_ps(out + i * dim + d0 + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(scale[i])));
+            for (int64_t j = n; j < qs->n[i]; j++) {
+                const __m512 p = _mm512_set1_ps(scores[i * capacity + j]);
+                acc[i][0] = _mm512_fmadd_ps(p, _mm512_loadu_ps(values + j * dim + d0), acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(p, _mm512_loadu_ps(values + j * dim + d0 + 16), acc[i][1]);
+            }
+            _mm512_storeu_ps(qs->out[i] + d0, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(scale[i])));
+            _mm512_storeu_ps(qs->out[i] + d0 + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(scale[i])));
         }
     }
 #endif
@@ -724,26 +879,30 @@ static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity,
             }
         }
         for (int i = 0; i < qn; i++) {
-            for (int c = 0; c < VALUE_CHUNKS; c++) *(lsq_v8 *) (out + i * dim + d0 + 8 * c) = acc[i][c] * scale[i];
+            for (int64_t j = n; j < qs->n[i]; j++) {
+                const float s = scores[i * capacity + j];
+                const lsq_v8 p = {s, s, s, s, s, s, s, s};
+                for (int c = 0; c < VALUE_CHUNKS; c++) acc[i][c] = fma8(p, load8(values + j * dim + d0 + 8 * c), acc[i][c]);
+            }
+            for (int c = 0; c < VALUE_CHUNKS; c++) *(lsq_v8 *) (qs->out[i] + d0 + 8 * c) = acc[i][c] * scale[i];
         }
     }
     for (; d0 + 8 <= dim; d0 += 8) {
-        lsq_v8 acc[QUERIES_AT_ONCE] = {{0}};
-        for (int64_t j = 0; j < n; j++) {
-            const lsq_v8 v = load8(values + j * dim + d0);
-            for (int i = 0; i < qn; i++) {
+        for (int i = 0; i < qn; i++) {
+            lsq_v8 acc = {0};
+            for (int64_t j = 0; j < qs->n[i]; j++) {
                 const float s = scores[i * capacity + j];
                 const lsq_v8 p = {s, s, s, s, s, s, s, s};
-                acc[i] = fma8(p, v, acc[i]);
+                acc = fma8(p, load8(values + j * dim + d0), acc);
             }
+            *(lsq_v8 *) (qs->out[i] + d0) = acc * scale[i];
         }
-        for (int i = 0; i < qn; i++) *(lsq_v8 *) (out + i * dim + d0) = acc[i] * scale[i];
     }
     for (; d0 < dim; d0++) {
         for (int i = 0; i < qn; i++) {
             float sum = 0.0f;
-            for (int64_t j = 0; j < n; j++) sum = fmaf(scores[i * capacity + j], values[j * dim + d0], sum);
-            out[i * dim + d0] = sum * scale[i];
+            for (int64_t j = 0; j < qs->n[i]; j++) sum = fmaf(scores[i * capacity + j], values[j * dim + d0], sum);
+            qs->out[i][d0] = sum * scale[i];
         }
     }
 }
@@ -764,38 +923,49 @@ static float largest(const float *scores, int64_t n) {
     return most;
 }
 
-// qn query heads of one row (q, out: their first, dim floats apart) over the n keys and values
-// of their kv head; scores: QUERIES_AT_ONCE rows of capacity floats.
-static ALWAYS_INLINE void attend_queries(const float *q, const int qn, const float *keys,
-                                         const float *values, int64_t n, int dim, float *scores,
-                                         int64_t capacity, float *out) {
-    key_scores(q, qn, keys, n, dim, scores, capacity);
+// qn queries of one kv head over its keys and values; scores: QUERIES_AT_ONCE rows of capacity floats.
+static ALWAYS_INLINE void attend_queries(const queries_t *qs, const int qn, const float *keys, const float *values,
+                                         int dim, float *scores, int64_t capacity) {
+    key_scores(qs, qn, keys, dim, scores, capacity);
     float scale[QUERIES_AT_ONCE];
     for (int i = 0; i < qn; i++) {
         float *row = scores + i * capacity;
-        scale[i] = (float) (1.0 / ggml_vec_soft_max_f32((int) n, row, row, largest(row, n)));
+        scale[i] = (float) (1.0 / ggml_vec_soft_max_f32((int) qs->n[i], row, row, largest(row, qs->n[i])));
     }
-    weighted_values(scores, capacity, qn, values, n, dim, scale, out);
+    weighted_values(scores, capacity, qs, qn, values, dim, scale);
 }
 
-// Item `item`: row r, kv head g, and part i of g's query heads.
+// Item `item`: kv head g and part c of the queries it serves (query k: row k / group, that row's
+// query head g * group + k % group).
 static void attend_one(attention_t *a, int64_t item, float *scores) {
-    const int64_t per_row = (int64_t) a->kv_heads * a->chunks;
-    const int64_t r = item / per_row;
-    const int g = (int) (item % per_row) / a->chunks, i = (int) (item % per_row) % a->chunks;
-    const int base = a->group / a->chunks, extra = a->group % a->chunks;
-    const int h = g * a->group + i * base + (i < extra ? i : extra), qn = base + (i < extra);
-    const int64_t n = a->start + r + 1;
-    const int dim = a->dim;
-    const float *q = a->q + (r * a->heads + h) * dim;
-    const float *keys = a->keys + (int64_t) g * a->capacity * dim;
-    const float *values = a->values + (int64_t) g * a->capacity * dim;
-    float *out = a->out + (r * a->heads + h) * dim;
+    const int g = (int) (item / a->chunks);
+    const int64_t c = item % a->chunks, base = a->queries / a->chunks, extra = a->queries % a->chunks;
+    const int64_t first = c * base + (c < extra ? c : extra);
+    const int qn = (int) (base + (c < extra));
+    queries_t qs;
+    qs.common = a->capacity;
+    for (int i = 0; i < qn; i++) {
+        const int64_t r = (first + i) / a->group, h = g * a->group + (first + i) % a->group;
+        qs.q[i] = a->q + (r * a->heads + h) * a->dim;
+        qs.out[i] = a->out + (r * a->heads + h) * a->dim;
+        qs.n[i] = a->start + r + 1;
+        if (qs.n[i] < qs.common) qs.common = qs.n[i];
+    }
+    const float *keys = a->keys + (int64_t) g * a->capacity * a->dim;
+    const float *values = a->values + (int64_t) g * a->capacity * a->dim;
     switch (qn) {  // each count its own loops, unrolled, their sums in registers
-        case 1: attend_queries(q, 1, keys, values, n, dim, scores, a->capacity, out); break;
-        case 2: attend_queries(q, 2, keys, values, n, dim, scores, a->capacity, out); break;
-        case 3: attend_queries(q, 3, keys, values, n, dim, scores, a->capacity, out); break;
-        default: attend_queries(q, 4, keys, values, n, dim, scores, a->capacity, out); break;
+        case 1: attend_queries(&qs, 1, keys, values, a->dim, scores, a->capacity); break;
+        case 2: attend_queries(&qs, 2, keys, values, a->dim, scores, a->capacity); break;
+        case 3: attend_queries(&qs, 3, keys, values, a->dim, scores, a->capacity); break;
+#if QUERIES_AT_ONCE == 8
+        case 4: attend_queries(&qs, 4, keys, values, a->dim, scores, a->capacity); break;
+        case 5: attend_queries(&qs, 5, keys, values, a->dim, scores, a->capacity); break;
+        case 6: attend_queries(&qs, 6, keys, values, a->dim, scores, a->capacity); break;
+        case 7: attend_queries(&qs, 7, keys, values, a->dim, scores, a->capacity); break;
+        default: attend_queries(&qs, 8, keys, values, a->dim, scores, a->capacity); break;
+#else
+        default: attend_queries(&qs, 4, keys, values, a->dim, scores, a->capacity); break;
+#endif
     }
 }
 
@@ -820,6 +990,26 @@ static void rotate(const float *x, const float *f, int pairs, float *y) {
     }
 }
 
+typedef struct {
+    const float *qkv, *rotary;
+    float *keys, *values, *q;
+    int64_t capacity, start;
+    int heads, kv_heads, dim;
+} rotation_t;
+
+// Row r of rotate_into_cache.
+static void rotate_row(void *ctx, int64_t r) {
+    const rotation_t *a = ctx;
+    const int all = a->heads + 2 * a->kv_heads, rotated = a->heads + a->kv_heads, dim = a->dim;
+    const float *row = a->qkv + r * all * dim, *factors = a->rotary + r * rotated * dim;
+    for (int h = 0; h < a->heads; h++) rotate(row + h * dim, factors + h * dim, dim / 2, a->q + (r * a->heads + h) * dim);
+    for (int h = 0; h < a->kv_heads; h++) {
+        const int64_t at = ((int64_t) h * a->capacity + a->start + r) * dim;
+        rotate(row + (a->heads + h) * dim, factors + (a->heads + h) * dim, dim / 2, a->keys + at);
+        memcpy(a->values + at, row + (rotated + h) * dim, dim * sizeof(float));
+    }
+}
+
 // A pass's projected heads qkv (rows, heads + 2 kv_heads, dim), q and k not yet rotated: each q
 // and k head times its row's rotary factors (rotary: rows, heads + kv_heads, dim / 2 complex,
 // the query heads' scale in theirs) into q (rows, heads, dim) and the cache's keys at positions
@@ -827,16 +1017,8 @@ static void rotate(const float *x, const float *f, int pairs, float *y) {
 static void rotate_into_cache(const float *qkv, const float *rotary, float *keys, float *values,
                               int64_t capacity, int64_t rows, int64_t start, int heads, int kv_heads, int dim,
                               float *q) {
-    const int all = heads + 2 * kv_heads, rotated = heads + kv_heads;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = qkv + r * all * dim, *factors = rotary + r * rotated * dim;
-        for (int h = 0; h < heads; h++) rotate(row + h * dim, factors + h * dim, dim / 2, q + (r * heads + h) * dim);
-        for (int h = 0; h < kv_heads; h++) {
-            float *key = keys + ((int64_t) h * capacity + start + r) * dim;
-            rotate(row + (heads + h) * dim, factors + (heads + h) * dim, dim / 2, key);
-            memcpy(values + ((int64_t) h * capacity + start + r) * dim, row + (rotated + h) * dim, dim * sizeof(float));
-        }
-    }
+    rotation_t a = {qkv, rotary, keys, values, q, capacity, start, heads, kv_heads, dim};
+    lsq_for_each_row(rotate_row, &a, rows);
 }
 
 // A layer's attention for a pass (see attend_one), from its projected heads (see
@@ -856,9 +1038,10 @@ int lsq_attention(const float *qkv, const float *rotary, float *keys, float *val
     a->heads = heads;
     a->kv_heads = kv_heads;
     a->group = heads / kv_heads;
-    a->chunks = (a->group + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE;
+    a->queries = rows * a->group;
+    a->chunks = (a->queries + QUERIES_AT_ONCE - 1) / QUERIES_AT_ONCE;
     a->dim = dim;
-    a->total = rows * kv_heads * a->chunks;
+    a->total = kv_heads * a->chunks;
     a->scratch = scratch;
     atomic_store(&a->next, 0);
     if (pool.threads < 2) {
