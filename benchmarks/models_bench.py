@@ -8,9 +8,10 @@ resident memory with the model warm and the freed heap given back as the server'
 between requests, a decode step and verify passes over 2, 4 and 8 tokens after ``--context``
 tokens, taken in turn, and 8 tokens' pass in steps; a prefill of ``--context`` tokens), and
 llama-server (2 threads, the same file) on the same random prompt: its load time, resident
-memory, prefill and decode per token from its own ``timings``. The
-file is read through once first, so that every load finds it in the page cache; backends and the
-peer take turns in an order reversed round by round; each figure is the median over rounds.
+memory, prefill and decode per token from its own ``timings``, and its passes over 2, 4 and 8 new
+tokens after that prompt (``peer_batches``). The file is read through once first, so that every
+load finds it in the page cache; backends and the peer take turns in an order reversed round by
+round; each figure is the median over rounds.
 
 ``--isa avx2`` runs our processes on AVX2 code only (torch's ``ATEN_CPU_CAPABILITY``, MKL's
 ``MKL_ENABLE_INSTRUCTIONS`` and the native kernels' AVX2 build), to measure an AVX-512 machine
@@ -142,7 +143,7 @@ def read_through(path: Path) -> None:
 
 def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """llama-server on the same file: load, then one prompt of ``context`` random tokens with 32
-    tokens to decode (its own timings), cache off."""
+    tokens to decode (its own timings), then batches after that prompt (``peer_batches``)."""
     from benchmarks.llama_server import LlamaServer, LlamaServerError, llama_server_binary
     from speculative_complete.decoding.forward.gguf_header import read_header
 
@@ -165,19 +166,45 @@ def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
             "prompt": prompt,
             "n_predict": 32,
             "temperature": 0,
-            "cache_prompt": False,
+            "cache_prompt": True,
             "ignore_eos": True,
         }
         timings = post_json(f"{server.url}/completion", body)["timings"]
         assert server.process is not None
-        return {
+        found = {
             "load_s": load_s,
             "prefill_ms_per_token": timings["prompt_per_token_ms"],
             "step_ms": timings["predicted_per_token_ms"],
             "rss_mb": _rss_mb(server.process.pid),
         }
+        found.update(peer_batches(server, prompt, vocab, args.steps, rng))
+        if "verify8_ms" in found:
+            found["verify8_steps"] = found["verify8_ms"] / found["step_ms"]
+        return found
     finally:
         server.stop()
+
+
+def peer_batches(server: Any, prompt: list[int], vocab: int, steps: int, rng: Any) -> dict[str, float]:
+    """llama-server's passes over 2, 4 and 8 new tokens after ``prompt`` (its ``prompt_ms`` for
+    them, the prompt itself from its cache), the widths in turn as ours, median of ``steps``. Its
+    batch computes logits for the last token only, where a verify pass needs every row's: a figure
+    at most what its verify would cost. A pass that fed more than its new tokens is not counted."""
+    warm = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True}
+    post_json(f"{server.url}/completion", warm)
+    times: dict[int, list[float]] = {width: [] for width in WIDTHS[1:]}
+    for _ in range(steps):
+        for width in WIDTHS[1:]:
+            body = {
+                "prompt": prompt + [rng.randrange(vocab) for _ in range(width)],
+                "n_predict": 1,
+                "temperature": 0,
+                "cache_prompt": True,
+            }
+            timings = post_json(f"{server.url}/completion", body)["timings"]
+            if timings["prompt_n"] == width:  # the prompt's own tokens came from the cache
+                times[width].append(timings["prompt_ms"])
+    return {f"verify{width}_ms": statistics.median(taken) for width, taken in times.items() if taken}
 
 
 def cpu_facts() -> dict[str, str]:
@@ -247,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and all(k in r for r in runs)]
     return {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
 
 

@@ -10,14 +10,17 @@ files, the tokens before a cursor); every method decodes ``--max-new-tokens`` gr
 must return plain greedy's tokens exactly (a mismatch is recorded and fails the run). A figure is
 milliseconds a token after the prompt's pass, both sides by the same rule (llama-server's
 ``predicted_per_token_ms``: decode time over tokens generated), each prompt's fastest of
-``--repeats`` rounds, summed over prompts. The draft model's own pass over the prompt falls in
-that time on both sides; ours keeps the draft's cache between rounds, as the server keeps it
-within a document.
+``--repeats`` rounds, summed over prompts. Within a round every method runs in turn (the peers'
+servers stay up), in an order reversed round by round: on a shared machine a slow minute then
+falls on all of them, where method after method put it on one. The draft model's own pass over
+the prompt falls in that time on both sides; ours keeps the draft's cache between rounds, as the
+server keeps it within a document.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -140,6 +143,17 @@ def model_path(spec: str) -> Path:
         raise SystemExit(f"pair_bench: {exc}") from exc
 
 
+def peer_server(method: str, target: Path, draft: Path) -> LlamaServer:
+    """llama-server on the target, with the draft model (``-md``) for ``llama_md``."""
+    return LlamaServer(target, extra_args=["-md", str(draft)] if method == "llama_md" else [])
+
+
+def run_method(ours: Ours, servers: dict[str, LlamaServer], method: str, ids: list[int], tokens: int) -> Run:
+    if method in servers:
+        return peer_run(servers[method], method, ids, tokens)
+    return ours.run(method, ids, tokens)
+
+
 def fastest(runs: list[Run]) -> Run:
     return min(runs, key=lambda run: run.decode_ms)
 
@@ -194,22 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     ours = Ours(target, draft, [m for m in methods if m in OURS])
     prompts = pick_prompts(ours.engine, args.prompts, args.prompt_tokens, args.seed)
     records = [PromptRuns(p.file, p.line, len(p.token_ids)) for p in prompts]
-    ours.run("plain", prompts[0].token_ids[-64:], 8)  # warm-up: first-call allocations
-    for method in (m for m in methods if m in OURS):
+    with contextlib.ExitStack() as stack:
+        servers = {
+            method: stack.enter_context(peer_server(method, target, draft))
+            for method in methods
+            if method in PEERS
+        }
+        for method in ["plain", *servers]:  # warm-up: first-call allocations
+            run_method(ours, servers, method, prompts[0].token_ids[-64:], 8)
         for prompt, record in zip(prompts, records, strict=True):
-            runs = [ours.run(method, prompt.token_ids, args.max_new_tokens) for _ in range(args.repeats)]
-            record.runs[method] = fastest(runs)
-            log.info("%s %s:%d %s", method, prompt.file, prompt.line, record.runs[method].decode_ms)
-    for method in (m for m in methods if m in PEERS):
-        extra = ["-md", str(draft)] if method == "llama_md" else []
-        with LlamaServer(target, extra_args=extra) as server:
-            peer_run(server, method, prompts[0].token_ids[-64:], 8)  # warm-up
-            for prompt, record in zip(prompts, records, strict=True):
-                runs = [
-                    peer_run(server, method, prompt.token_ids, args.max_new_tokens)
-                    for _ in range(args.repeats)
-                ]
+            rounds: dict[str, list[Run]] = {method: [] for method in methods}
+            for number in range(args.repeats):
+                order = methods if number % 2 == 0 else methods[::-1]
+                for method in order:
+                    run = run_method(ours, servers, method, prompt.token_ids, args.max_new_tokens)
+                    rounds[method].append(run)
+            for method, runs in rounds.items():
                 record.runs[method] = fastest(runs)
+                log.info("%s %s:%d %.1f", method, prompt.file, prompt.line, record.runs[method].decode_ms)
     summary = summarize(records, methods)
     print(machine()["cpu"], file=sys.stderr)
     print(format_table(summary))

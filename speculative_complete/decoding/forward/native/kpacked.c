@@ -428,9 +428,12 @@ static ALWAYS_INLINE void q5_0_group(int n, const uint8_t *w, const char *xq, si
 
 #else  // PACKED_256
 
-// One Q4_K group (8 weight rows) against nr activation rows, without VNNI: maddubs then adds of
-// 16-bit pairs (at most 8 * 2 * 15 * 128 = 30720 in a sub-block: exact), then one madd with the
-// scale (repeated in both halves of each 32-bit lane) per sub-block.
+// One Q4_K group (8 weight rows) against nr activation rows, without VNNI: per sub-block its
+// eight registers of weights unpacked once, then row by row eight maddubs summed in 16 bits (at
+// most 8 * 2 * 15 * 128 = 30720: exact) and one madd with the scale (repeated in both halves of
+// each 32-bit lane). Row by row, so that a row's sum is done before the next one's starts: with
+// every row's eight products in flight at once (the loops the other way round) the compiler kept
+// them on the stack, 16 registers being too few.
 static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, size_t xq_bytes, const int32_t *ex,
                                      size_t ex_row, const int nr, const int ahead, float *y, size_t ldy) {
     const int nb = n / QK_K;
@@ -443,21 +446,23 @@ static ALWAYS_INLINE void q4_K_group(int n, const uint8_t *w, const char *xq, si
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             if (ahead) ahead_of(blk, Q4K_BLOCK, j, 8);
-            __m256i s[LSQ_PACKED_ACT_ROWS];
-            for (int r = 0; r < nr; r++) s[r] = _mm256_setzero_si256();
+            __m256i q[8];
             for (int t = 0; t < 4; t++) {
                 const __m256i v = _mm256_load_si256((const __m256i *) (blk + Q4K_QS + (j * 4 + t) * 32));
-                const __m256i lo = _mm256_and_si256(v, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                for (int r = 0; r < nr; r++) {
-                    const int8_t *x = act(xq, xq_bytes, r, b)->qs + 32 * j + 4 * t;
-                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(x))));
-                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(x + 16))));
-                }
+                q[2 * t] = _mm256_and_si256(v, m4);
+                q[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
             const __m128i sc8 = _mm_loadl_epi64((const __m128i *) (blk + Q4K_SC + 8 * j));
             const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
-            for (int r = 0; r < nr; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s[r], sc));
+            for (int r = 0; r < nr; r++) {
+                const int8_t *x = act(xq, xq_bytes, r, b)->qs + 32 * j;
+                __m256i p[4];
+                for (int t = 0; t < 4; t++)
+                    p[t] = _mm256_add_epi16(_mm256_maddubs_epi16(q[2 * t], _mm256_set1_epi32(load_i32(x + 4 * t))),
+                                            _mm256_maddubs_epi16(q[2 * t + 1], _mm256_set1_epi32(load_i32(x + 16 + 4 * t))));
+                const __m256i s = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s, sc));
+            }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (blk + Q4K_D)));
         const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) (blk + Q4K_DMIN)));
@@ -501,31 +506,34 @@ static ALWAYS_INLINE void q6_K_group(int n, const uint8_t *w, const char *xq, si
             const __m256i pair = _mm256_cvtepi8_epi16(raw);
             const __m256i sc_of[2] = {_mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, first)),
                                       _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, second))};
+            __m256i q[2][4];  // the pair's weights, unpacked once for every row
             for (int kk = 0; kk < 2; kk++) {
                 const int k = 2 * m + kk;
                 const __m256i l0 = _mm256_load_si256((const __m256i *) (blk + Q6K_QL + (2 * k) * 32));
                 const __m256i l1 = _mm256_load_si256((const __m256i *) (blk + Q6K_QL + (2 * k + 1) * 32));
                 const __m256i h = _mm256_load_si256((const __m256i *) (blk + Q6K_QH + k * 32));
-                const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high));
-                const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                                                   _mm256_and_si256(_mm256_slli_epi16(h, 2), high));
-                const __m256i w2 = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(h, high));
-                const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
-                for (int r = 0; r < nr; r++) {
-                    const int8_t *x = act(xq, xq_bytes, r, b)->qs + 16 * k;
-                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(load_i32(x))),
-                                                         _mm256_maddubs_epi16(w1, _mm256_set1_epi32(load_i32(x + 4))));
-                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, _mm256_set1_epi32(load_i32(x + 8))),
-                                                         _mm256_maddubs_epi16(w3, _mm256_set1_epi32(load_i32(x + 12))));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p01, sc_of[kk]));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p23, sc_of[kk]));
-                }
+                q[kk][0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high));
+                q[kk][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 2), high));
+                q[kk][2] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(h, high));
+                q[kk][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                           _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
             }
+            // Row by row, as q4_K_group (why there).
             for (int r = 0; r < nr; r++) {
+                const int8_t *x = act(xq, xq_bytes, r, b)->qs + 32 * m;
+                __m256i sum = _mm256_setzero_si256();
+                for (int kk = 0; kk < 2; kk++) {
+                    const int8_t *xk = x + 16 * kk;
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[kk][0], _mm256_set1_epi32(load_i32(xk))),
+                                                         _mm256_maddubs_epi16(q[kk][1], _mm256_set1_epi32(load_i32(xk + 4))));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[kk][2], _mm256_set1_epi32(load_i32(xk + 8))),
+                                                         _mm256_maddubs_epi16(q[kk][3], _mm256_set1_epi32(load_i32(xk + 12))));
+                    sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(p01, sc_of[kk]), _mm256_madd_epi16(p23, sc_of[kk])));
+                }
                 const int32_t sums = load_i32(act(xq, xq_bytes, r, b)->bsums + 2 * m);
                 const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(sums)), 5);
-                isum[r] = _mm256_sub_epi32(isum[r], offset);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_sub_epi32(sum, offset));
             }
         }
         const __m256 d = _mm256_load_ps((const float *) (blk + Q6K_D));
