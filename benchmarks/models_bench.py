@@ -29,13 +29,17 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.llama_server import LlamaServer
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "models_bench.json"
 WIDTHS = (1, 2, 4, 8)
@@ -158,15 +162,13 @@ def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     load_s = time.perf_counter() - started
     try:
-        import random
-
         rng = random.Random(0)
         prompt = [rng.randrange(vocab) for _ in range(args.context)]
         body = {
             "prompt": prompt,
             "n_predict": 32,
             "temperature": 0,
-            "cache_prompt": True,
+            "cache_prompt": False,
             "ignore_eos": True,
         }
         timings = post_json(f"{server.url}/completion", body)["timings"]
@@ -185,7 +187,9 @@ def run_peer(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         server.stop()
 
 
-def peer_batches(server: Any, prompt: list[int], vocab: int, steps: int, rng: Any) -> dict[str, float]:
+def peer_batches(
+    server: LlamaServer, prompt: list[int], vocab: int, steps: int, rng: random.Random
+) -> dict[str, float]:
     """llama-server's passes over 2, 4 and 8 new tokens after ``prompt`` (its ``prompt_ms`` for
     them, the prompt itself from its cache), the widths in turn as ours, median of ``steps``. Its
     batch computes logits for the last token only, where a verify pass needs every row's: a figure
