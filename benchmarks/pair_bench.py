@@ -143,9 +143,16 @@ def model_path(spec: str) -> Path:
         raise SystemExit(f"pair_bench: {exc}") from exc
 
 
+# llama.cpp's speculation with a draft model: since the speculative types (b11434's ``--spec-type``),
+# ``-md`` alone loads the draft and never drafts (the type is inferred only for MTP and sidecar
+# drafts), so the peer would decode plain.
+DRAFT_MODEL_ARGS = ("--spec-type", "draft-simple")
+
+
 def peer_server(method: str, target: Path, draft: Path) -> LlamaServer:
-    """llama-server on the target, with the draft model (``-md``) for ``llama_md``."""
-    return LlamaServer(target, extra_args=["-md", str(draft)] if method == "llama_md" else [])
+    """llama-server on the target, with the draft model (``-md``) drafting for ``llama_md``."""
+    extra = ["-md", str(draft), *DRAFT_MODEL_ARGS] if method == "llama_md" else []
+    return LlamaServer(target, extra_args=extra)
 
 
 def run_method(ours: Ours, servers: dict[str, LlamaServer], method: str, ids: list[int], tokens: int) -> Run:
@@ -178,6 +185,7 @@ def summarize(records: list[PromptRuns], methods: list[str]) -> dict[str, dict[s
         }
         if method == "llama_md":
             drafted = sum(run.drafted or 0 for run in runs)
+            out[method]["drafted"] = drafted
             out[method]["acceptance"] = round(sum(run.accepted or 0 for run in runs) / max(drafted, 1), 3)
         elif method in OURS:
             out[method]["tokens_per_pass"] = [run.tokens_per_pass for run in runs]
@@ -241,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     exact = all(row["same_tokens_as_plain"] is not False for m, row in summary.items() if m in OURS)
+    if summary.get("llama_md", {}).get("drafted") == 0:
+        log.error("llama-server -md drafted nothing: it decoded plain, so it is not the peer it names")
+        return 1
     return 0 if exact else 1
 
 

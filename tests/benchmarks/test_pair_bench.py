@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks import real_models
-from benchmarks.pair_bench import PromptRuns, Run, summarize
+from benchmarks.pair_bench import PromptRuns, Run, peer_run, peer_server, summarize
 from speculative_complete.decoding.models.loading import default_gguf_path
 
 
@@ -63,3 +63,15 @@ def test_a_method_whose_tokens_differ_from_plain_is_reported():
     assert summary["plain"]["same_tokens_as_plain"] is True
     assert summary["ngram"]["same_tokens_as_plain"] is False
     assert summary["ngram"]["ms_per_token"] == 5.0 and summary["plain"]["ms_per_token"] == 10.0
+
+
+def test_llama_server_with_the_draft_model_drafts():
+    """The ``llama_md`` peer speculates: without ``--spec-type`` llama-server loads ``-md`` and
+    decodes plain, and the benchmark would compare against a peer that never drafted."""
+    model = default_gguf_path()
+    ids = [int(t) for t in range(1000, 1064)] * 2  # a repeated run of tokens: drafts are kept
+    with peer_server("llama_md", model, model) as server:
+        run = peer_run(server, "llama_md", ids, 16)
+    assert run.tokens > 0
+    assert run.drafted and run.drafted > 0
+    assert run.accepted and run.accepted > 0
