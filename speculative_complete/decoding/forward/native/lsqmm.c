@@ -736,9 +736,11 @@ typedef int32_t lsq_i8 __attribute__((vector_size(32), aligned(4)));
 
 static ALWAYS_INLINE lsq_v8 load8(const float *p) { return *(const lsq_v8 *) p; }
 
-// Ask for a cache row (dim floats) ahead of its use.
-static ALWAYS_INLINE void row_ahead(const float *row, int dim) {
-    for (int b = 0; b < dim * (int) sizeof(float); b += 64) __builtin_prefetch((const char *) row + b, 0, 3);
+// Ask for row j of rows (dim floats each) ahead of its use, where there is one (j < n).
+static ALWAYS_INLINE void row_ahead(const float *rows, int64_t j, int64_t n, int dim) {
+    if (j >= n) return;
+    const char *row = (const char *) (rows + j * dim);
+    for (int b = 0; b < dim * (int) sizeof(float); b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
 // a * b + c rounded once, lane by lane, whatever the compiler would contract: every score and
@@ -804,7 +806,7 @@ static ALWAYS_INLINE void key_scores(const queries_t *qs, const int qn, const fl
     const int64_t n = qs->common;
     int64_t j = 0;
     for (; j + KEYS_AT_ONCE <= n; j += KEYS_AT_ONCE) {
-        for (int t = 0; t < KEYS_AT_ONCE; t++) row_ahead(keys + (j + ROWS_AHEAD + t) * dim, dim);
+        for (int t = 0; t < KEYS_AT_ONCE; t++) row_ahead(keys, j + ROWS_AHEAD + t, n, dim);
         lsq_v8 acc[KEYS_AT_ONCE][QUERIES_AT_ONCE] = {{{0}}};
         for (int c = 0; c < chunks; c++) {
             lsq_v8 k[KEYS_AT_ONCE];
@@ -860,7 +862,7 @@ static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity,
         __m512 acc[QUERIES_AT_ONCE][2];
         for (int i = 0; i < QUERIES_AT_ONCE; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; j++) {
-            if (d0 == 0) row_ahead(values + (j + ROWS_AHEAD) * dim, dim);  // whole rows: later d0 find them
+            if (d0 == 0) row_ahead(values, j + ROWS_AHEAD, n, dim);  // whole rows: later d0 find them
             const __m512 v0 = _mm512_loadu_ps(values + j * dim + d0), v1 = _mm512_loadu_ps(values + j * dim + d0 + 16);
             for (int i = 0; i < qn; i++) {
                 const __m512 p = _mm512_set1_ps(scores[i * capacity + j]);
@@ -882,7 +884,7 @@ static ALWAYS_INLINE void weighted_values(const float *scores, int64_t capacity,
     for (; d0 + 8 * VALUE_CHUNKS <= dim; d0 += 8 * VALUE_CHUNKS) {
         lsq_v8 acc[QUERIES_AT_ONCE][VALUE_CHUNKS] = {{{0}}};
         for (int64_t j = 0; j < n; j++) {
-            if (d0 == 0) row_ahead(values + (j + ROWS_AHEAD) * dim, dim);
+            if (d0 == 0) row_ahead(values, j + ROWS_AHEAD, n, dim);
             lsq_v8 v[VALUE_CHUNKS];
             for (int c = 0; c < VALUE_CHUNKS; c++) v[c] = load8(values + j * dim + d0 + 8 * c);
             for (int i = 0; i < qn; i++) {
