@@ -194,18 +194,16 @@ def peer_batches(
     them, the prompt itself from its cache), the widths in turn as ours, median of ``steps``. Its
     batch computes logits for the last token only, where a verify pass needs every row's: a figure
     at most what its verify would cost. A pass that fed more than its new tokens is not counted."""
-    warm = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True}
-    post_json(f"{server.url}/completion", warm)
+
+    def timings_of(tokens: list[int]) -> dict[str, Any]:
+        body = {"prompt": tokens, "n_predict": 1, "temperature": 0, "cache_prompt": True}
+        return post_json(f"{server.url}/completion", body)["timings"]
+
+    timings_of(prompt)  # the prompt into its cache
     times: dict[int, list[float]] = {width: [] for width in WIDTHS[1:]}
     for _ in range(steps):
         for width in WIDTHS[1:]:
-            body = {
-                "prompt": prompt + [rng.randrange(vocab) for _ in range(width)],
-                "n_predict": 1,
-                "temperature": 0,
-                "cache_prompt": True,
-            }
-            timings = post_json(f"{server.url}/completion", body)["timings"]
+            timings = timings_of(prompt + [rng.randrange(vocab) for _ in range(width)])
             if timings["prompt_n"] == width:  # the prompt's own tokens came from the cache
                 times[width].append(timings["prompt_ms"])
     return {f"verify{width}_ms": statistics.median(taken) for width, taken in times.items() if taken}

@@ -69,7 +69,7 @@ def test_llama_server_with_the_draft_model_drafts():
     """The ``llama_md`` peer speculates: without ``--spec-type`` llama-server loads ``-md`` and
     decodes plain, and the benchmark would compare against a peer that never drafted."""
     model = default_gguf_path()
-    ids = [int(t) for t in range(1000, 1064)] * 2  # a repeated run of tokens: drafts are kept
+    ids = list(range(1000, 1064)) * 2  # a repeated run of tokens: drafts are kept
     with peer_server("llama_md", model, model) as server:
         run = peer_run(server, "llama_md", ids, 16)
     assert run.tokens > 0
